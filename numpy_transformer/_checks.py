@@ -1,0 +1,49 @@
+"""Input validation shared by every layer: clear ``ValueError`` messages that name the value.
+
+A user who passes the wrong thing should read what was wrong, not a NumPy broadcasting
+trace three frames deep or, worse, get a silently wrong answer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def check_float(name: str, x: object, ndim: int | tuple[int, ...] | None = None) -> np.ndarray:
+    """Return ``x`` if it is a floating ndarray of the expected rank, else raise ``ValueError``."""
+    if not isinstance(x, np.ndarray):
+        raise ValueError(f"{name} must be a NumPy array, got {type(x).__name__}")
+    if not np.issubdtype(x.dtype, np.floating):
+        raise ValueError(f"{name} must be a float array (float32 or float64), got dtype {x.dtype}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else ndim
+        if x.ndim not in allowed:
+            raise ValueError(f"{name} must have {' or '.join(map(str, allowed))} dimensions, "
+                             f"got shape {x.shape}")
+    return x
+
+
+def check_ids(name: str, ids: object, vocab: int) -> np.ndarray:
+    """Return ``ids`` as an integer ndarray whose values lie in ``[0, vocab)``."""
+    ids = np.asarray(ids)
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"{name} must be integer token ids, got dtype {ids.dtype}")
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        bad = ids[(ids < 0) | (ids >= vocab)].flat[0]
+        raise ValueError(f"{name} holds id {bad}, outside the vocabulary [0, {vocab})")
+    return ids
+
+
+def check_last_dim(name: str, x: np.ndarray, size: int) -> None:
+    """Raise ``ValueError`` unless the last axis of ``x`` has length ``size``."""
+    if x.shape[-1] != size:
+        raise ValueError(f"{name} has last dimension {x.shape[-1]} (shape {x.shape}), "
+                         f"expected {size}")
+
+
+def check_positive(name: str, value: float, integer: bool = False) -> None:
+    """Raise ``ValueError`` unless ``value`` is a positive (integer, if asked) number."""
+    ok = isinstance(value, (int, np.integer)) if integer else isinstance(value, (int, float))
+    if not ok or isinstance(value, bool) or not value > 0:
+        kind = "a positive integer" if integer else "a positive number"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
