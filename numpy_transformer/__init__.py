@@ -1,0 +1,14 @@
+"""numpy_transformer: a Transformer in NumPy with a hand-written backward for every forward.
+
+``numpy_transformer.functional`` holds the math as pure forward/backward pairs,
+``numpy_transformer.nn`` the modules and models built on it, and
+``numpy_transformer.gradcheck`` the finite-difference checks a user can run on any of them.
+"""
+
+from . import functional, gradcheck
+
+__version__ = "0.1.0"
+
+__all__ = ["functional", "gradcheck"]
+
+# --- nn exports (module layer) ---

@@ -1,0 +1,52 @@
+"""Pure forward/backward pairs, no state: the math of the library, readable first.
+
+Every ``*_forward`` returns ``(out, cache)`` and the matching ``*_backward(dout, cache)`` returns
+one gradient per differentiable input.
+"""
+
+from .activations import (
+    dropout_backward,
+    dropout_forward,
+    gelu_backward,
+    gelu_forward,
+    gelu_tanh_backward,
+    gelu_tanh_forward,
+    relu_backward,
+    relu_forward,
+    silu_backward,
+    silu_forward,
+    swiglu_backward,
+    swiglu_forward,
+)
+from .attention import attention_weights, sdpa_backward, sdpa_forward
+from .embedding import embedding_backward, embedding_forward
+from .linear import linear_backward, linear_forward
+from .masks import causal_mask, combine_masks, from_torch_ignore_mask, key_padding_mask
+from .norms import layer_norm_backward, layer_norm_forward, rms_norm_backward, rms_norm_forward
+from .positional import (
+    alibi_bias,
+    alibi_slopes,
+    rope_backward,
+    rope_forward,
+    rope_tables,
+    sinusoidal_table,
+)
+from .softmax import (
+    cross_entropy_backward,
+    cross_entropy_forward,
+    log_softmax,
+    softmax_backward,
+    softmax_forward,
+)
+
+__all__ = [
+    "alibi_bias", "alibi_slopes", "attention_weights", "causal_mask", "combine_masks",
+    "cross_entropy_backward", "cross_entropy_forward", "dropout_backward", "dropout_forward",
+    "embedding_backward", "embedding_forward", "from_torch_ignore_mask", "gelu_backward",
+    "gelu_forward", "gelu_tanh_backward", "gelu_tanh_forward", "key_padding_mask",
+    "layer_norm_backward", "layer_norm_forward", "linear_backward", "linear_forward",
+    "log_softmax", "relu_backward", "relu_forward", "rms_norm_backward", "rms_norm_forward",
+    "rope_backward", "rope_forward", "rope_tables", "sdpa_backward", "sdpa_forward",
+    "silu_backward", "silu_forward", "sinusoidal_table", "softmax_backward", "softmax_forward",
+    "swiglu_backward", "swiglu_forward",
+]

@@ -1,0 +1,124 @@
+"""Elementwise activations and dropout, each forward beside its own derivative.
+
+GELU comes in two distinct functions: the exact one, x Phi(x) with the normal CDF through
+erf, and the tanh approximation. Each backward differentiates *its own* forward (mixing the
+two is a classic silent bug that a finite-difference check catches).
+
+References
+----------
+Hendrycks & Gimpel, "Gaussian Error Linear Units (GELUs)", 2016.
+Shazeer, "GLU Variants Improve Transformer", 2020 (SwiGLU).
+Srivastava et al., "Dropout", 2014.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ..kernels.special import erf
+
+
+
+# ----------------------------------------------------------------------------- ReLU
+def relu_forward(x: np.ndarray):
+    """``out = max(x, 0)``. Returns ``(out, cache)``; the cache is the input."""
+    return np.maximum(x, 0), x
+
+
+def relu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``dx = dout * [x > 0]`` (the subgradient 0 is used at x = 0, as PyTorch does)."""
+    return dout * (x > 0)
+
+
+# ----------------------------------------------------------------------------- GELU (erf)
+def gelu_forward(x: np.ndarray):
+    """Exact GELU, ``out = x * Phi(x)`` with ``Phi(x) = (1 + erf(x / sqrt 2)) / 2``."""
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0))), x
+
+
+def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``d/dx [x Phi(x)] = Phi(x) + x phi(x)``, phi the standard normal density."""
+    cdf = 0.5 * (1.0 + erf(x / math.sqrt(2.0)))
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    return dout * (cdf + x * pdf)
+
+
+# ----------------------------------------------------------------------------- GELU (tanh)
+_K = math.sqrt(2.0 / math.pi)  # the constants of the tanh approximation
+_A = 0.044715
+
+
+def gelu_tanh_forward(x: np.ndarray):
+    """Tanh-approximated GELU, ``out = x/2 (1 + tanh(u))`` with ``u = K (x + A x^3)``.
+
+    Returns ``(out, cache)`` with cache ``(x, tanh(u))``.
+    """
+    th = np.tanh(_K * (x + _A * x**3))
+    return 0.5 * x * (1.0 + th), (x, th)
+
+
+def gelu_tanh_backward(dout: np.ndarray, cache) -> np.ndarray:
+    """``d out/dx = (1 + th)/2 + x/2 (1 - th^2) K (1 + 3 A x^2)``."""
+    x, th = cache
+    return dout * (0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * _K * (1.0 + 3.0 * _A * x * x))
+
+
+# ----------------------------------------------------------------------------- SiLU / SwiGLU
+def silu_forward(x: np.ndarray):
+    """``out = x * sigmoid(x)``. Returns ``(out, cache)`` with cache ``(x, sigmoid(x))``."""
+    sig = 1.0 / (1.0 + np.exp(-x))
+    return x * sig, (x, sig)
+
+
+def silu_backward(dout: np.ndarray, cache) -> np.ndarray:
+    """``d/dx [x s(x)] = s (1 + x (1 - s))``."""
+    x, sig = cache
+    return dout * sig * (1.0 + x * (1.0 - sig))
+
+
+class SwiGLUCache(NamedTuple):
+    up: np.ndarray  # (..., F)
+    silu_gate: np.ndarray  # (..., F) silu(gate)
+    silu_cache: tuple
+
+
+def swiglu_forward(gate: np.ndarray, up: np.ndarray):
+    """Gated unit ``out = silu(gate) * up`` (the gate of SwiGLU's feed-forward).
+
+    Notes
+    -----
+    (1) a = silu(gate)   (2) out = a * up
+    """
+    a, silu_cache = silu_forward(gate)  # (1)
+    return a * up, SwiGLUCache(up, a, silu_cache)  # (2)
+
+
+def swiglu_backward(dout: np.ndarray, cache: SwiGLUCache):
+    """Returns ``(dgate, dup)``."""
+    up, a, silu_cache = cache
+    dup = dout * a  # (2) out = a * up  =>  dup = dout a,  da = dout up
+    dgate = silu_backward(dout * up, silu_cache)  # (1) a = silu(gate)
+    return dgate, dup
+
+
+# ----------------------------------------------------------------------------- dropout
+def dropout_forward(x: np.ndarray, p: float, rng: np.random.Generator, training: bool = True):
+    """Inverted dropout: zero each entry with probability ``p``, scale survivors by 1/(1-p).
+
+    Returns ``(out, cache)``; the cache is the scaled keep-mask (``None`` when the call is an
+    identity: evaluation mode or ``p == 0``), so backward reuses exactly the forward's mask.
+    """
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must lie in [0, 1), got {p!r}")
+    if not training or p == 0.0:
+        return x, None
+    keep = (rng.random(x.shape) >= p).astype(x.dtype) / x.dtype.type(1.0 - p)  # (1) m
+    return x * keep, keep  # (2) out = x * m
+
+
+def dropout_backward(dout: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
+    """``dx = dout * m`` with the forward's mask ``m`` (identity when the forward was)."""
+    return dout if keep is None else dout * keep

@@ -1,0 +1,58 @@
+"""Affine map ``out = x @ w + b`` and its backward.
+
+The weight is stored as (C_in, C_out) so that the forward reads as the math does. PyTorch's
+``nn.Linear`` stores the transpose, (C_out, C_in); the weight exchange in
+``numpy_transformer.interop`` transposes on the way in and out.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .._checks import check_float, check_last_dim
+
+
+class LinearCache(NamedTuple):
+    x: np.ndarray  # (..., C_in)
+    w: np.ndarray  # (C_in, C_out)
+    has_bias: bool
+
+
+def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
+    """Affine map over the last axis.
+
+    Parameters
+    ----------
+    x : ndarray of shape (..., C_in)
+    w : ndarray of shape (C_in, C_out)
+    b : ndarray of shape (C_out,), optional
+
+    Returns
+    -------
+    out : ndarray of shape (..., C_out)
+    cache : LinearCache
+
+    Notes
+    -----
+    (1) out = x w + b
+    """
+    check_float("x", x)
+    check_last_dim("x", x, w.shape[0])
+    out = x @ w  # (1) (..., C_out)
+    if b is not None:
+        out += b
+    return out, LinearCache(x, w, b is not None)
+
+
+def linear_backward(dout: np.ndarray, cache: LinearCache):
+    """Returns ``(dx, dw, db)``; ``db`` is ``None`` when the forward had no bias."""
+    x, w, has_bias = cache
+    c_in, c_out = w.shape
+    x2, dout2 = x.reshape(-1, c_in), dout.reshape(-1, c_out)  # fold all leading axes: (N, C)
+    # (1) out = x w + b   =>   dx = dout w^T,  dw = x^T dout,  db = sum_N dout
+    dx = (dout2 @ w.T).reshape(x.shape)
+    dw = x2.T @ dout2
+    db = dout2.sum(axis=0) if has_bias else None
+    return dx, dw, db

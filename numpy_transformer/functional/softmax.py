@@ -1,0 +1,111 @@
+"""Softmax and the log-softmax cross-entropy loss, with closed-form backwards (no Jacobians).
+
+References
+----------
+Bridle, "Probabilistic Interpretation of Feedforward Classification Network Outputs", 1990.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .._checks import check_float
+
+
+def softmax_forward(x: np.ndarray):
+    """Softmax along the last axis, stabilised by the row max.
+
+    Returns ``(y, cache)``; the cache is ``y`` itself, all the backward needs.
+
+    Notes
+    -----
+    (1) y_i = exp(x_i - max x) / sum_j exp(x_j - max x)
+    """
+    check_float("x", x)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    y = e / e.sum(axis=-1, keepdims=True)
+    return y, y
+
+
+def softmax_backward(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``dx = y * (dy - sum_j dy_j y_j)``: the Jacobian ``diag(y) - y y^T`` applied, never built."""
+    return y * (dy - (dy * y).sum(axis=-1, keepdims=True))
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """``x - logsumexp(x)`` along the last axis, computed stably."""
+    m = x.max(axis=-1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
+
+
+class CrossEntropyCache(NamedTuple):
+    probs: np.ndarray  # (N, V) softmax of the logits
+    targets: np.ndarray  # (N,) target ids, 0 where not counted
+    weight: np.ndarray  # (N,) 1/count where counted, else 0
+    shape: tuple  # the logits' shape
+
+
+def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index: int = -100,
+                          mask: np.ndarray | None = None):
+    """Mean negative log-likelihood of ``targets`` under ``softmax(logits)``.
+
+    Parameters
+    ----------
+    logits : ndarray of shape (..., V), typically (B, T, V)
+    targets : ndarray of int, shape (...), typically (B, T)
+    ignore_index : int, default -100
+        Targets equal to it are not counted (as ``F.cross_entropy``).
+    mask : ndarray of bool, shape (...), optional
+        ``True`` = count this target. Combined with ``ignore_index``.
+
+    Returns
+    -------
+    loss : float
+        Mean over the counted targets.
+    cache : CrossEntropyCache
+
+    Raises
+    ------
+    ValueError
+        On shape mismatch, non-integer targets, ids outside [0, V), or no counted target.
+
+    Notes
+    -----
+    (1) logp = log_softmax(logits)   (2) loss = -(1/N) sum_{counted n} logp[n, target_n]
+    """
+    check_float("logits", logits)
+    targets = np.asarray(targets)
+    if not np.issubdtype(targets.dtype, np.integer):
+        raise ValueError(f"targets must be integer class ids, got dtype {targets.dtype}")
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets of shape {targets.shape} do not match logits {logits.shape}")
+    vocab = logits.shape[-1]
+    counted = targets != ignore_index
+    if mask is not None:
+        if np.shape(mask) != targets.shape:
+            raise ValueError(f"mask of shape {np.shape(mask)} does not match targets "
+                             f"{targets.shape}")
+        counted &= np.asarray(mask, dtype=bool)
+    bad = counted & ((targets < 0) | (targets >= vocab))
+    if bad.any():
+        raise ValueError(f"target id {targets[bad].flat[0]} is outside [0, {vocab})")
+    n = int(counted.sum())
+    if n == 0:
+        raise ValueError("cross_entropy has no counted target (all ignored or masked)")
+    flat_t = np.where(counted, targets, 0).reshape(-1)  # (N,)
+    logp = log_softmax(logits.reshape(-1, vocab))  # (1) (N, V)
+    weight = counted.reshape(-1).astype(logits.dtype) / logits.dtype.type(n)  # (N,)
+    loss = -(logp[np.arange(flat_t.size), flat_t] * weight).sum()  # (2)
+    return float(loss), CrossEntropyCache(np.exp(logp), flat_t, weight, logits.shape)
+
+
+def cross_entropy_backward(dloss: float, cache: CrossEntropyCache) -> np.ndarray:
+    """``dlogits = dloss * w_n (softmax(logits) - onehot(target))``, shaped like the logits."""
+    probs, targets, weight, shape = cache
+    # (2), (1): d(-logp[n, t])/dlogits[n] = p[n] - onehot(t); counted rows carry weight 1/N
+    dlogits = probs.copy()
+    dlogits[np.arange(targets.size), targets] -= 1.0
+    dlogits *= (weight * dloss)[:, None]
+    return dlogits.reshape(shape)
