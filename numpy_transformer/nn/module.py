@@ -1,0 +1,161 @@
+"""The ``Module`` base class: parameters, their gradients, child modules, one cache.
+
+The contract every module in ``numpy_transformer.nn`` follows:
+
+* ``params`` and ``grads`` are dicts with identical keys; ``grads[name]`` has the shape and
+  dtype of ``params[name]`` and starts at zero.
+* ``forward(...)`` computes the output and keeps exactly one cache (a second forward
+  overwrites it), so a backward always belongs to the latest forward.
+* ``backward(dout)`` *adds* into ``grads`` (``+=``) and returns the gradient of the input(s).
+  Zeroing is a separate, explicit step (:meth:`Module.zero_grad`). Accumulation is what lets
+  one table receive gradient from two places (tied embeddings) and what makes gradient
+  accumulation over micro-batches a loop of backwards.
+* Children are registered by name, in order, so every parameter has a dotted name such as
+  ``blocks.0.attn.wq``.
+
+``buffers`` holds fixed arrays that move with the module (``astype``) but are neither trained
+nor saved: the sinusoidal table and the RoPE angles follow from a formula, as the chapter's
+non-persistent position buffer does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+
+class Module:
+    """Base class: parameter and gradient dicts, ordered children, a train/eval flag."""
+
+    def __init__(self) -> None:
+        self.params: dict[str, np.ndarray] = {}
+        self.grads: dict[str, np.ndarray] = {}
+        self.buffers: dict[str, np.ndarray] = {}
+        self.children: dict[str, Module] = {}
+        self.training = True
+
+    # ------------------------------------------------------------------ registration
+    def add_param(self, name: str, value: np.ndarray) -> np.ndarray:
+        """Register a trainable array and its zero gradient; returns the array."""
+        self.params[name] = value
+        self.grads[name] = np.zeros_like(value)
+        return value
+
+    def add(self, name: str, module: Module) -> Module:
+        """Register a child module under ``name``; returns it (``self.attn = self.add(...)``)."""
+        self.children[name] = module
+        return module
+
+    # ------------------------------------------------------------------ forward / backward
+    def __call__(self, *args, **kwargs):
+        """``module(x)`` is ``module.forward(x)``."""
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} does not define forward")
+
+    def backward(self, dout):
+        raise NotImplementedError(f"{type(self).__name__} does not define backward")
+
+    # ------------------------------------------------------------------ parameters
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+        """Yield ``(dotted name, param, grad)`` for this module's parameters, then each child's.
+
+        A parameter shared by two modules (a tied embedding) is registered in one of them only,
+        so it appears here once.
+        """
+        for name, param in self.params.items():
+            yield prefix + name, param, self.grads[name]
+        for child_name, child in self.children.items():
+            yield from child.named_parameters(prefix + child_name + ".")
+
+    def parameters(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield ``(param, grad)`` pairs in the order of :meth:`named_parameters`.
+
+        Pairs rather than bare arrays: in this library a parameter always travels with its
+        gradient, and an optimizer needs both.
+        """
+        for _, param, grad in self.named_parameters():
+            yield param, grad
+
+    def num_parameters(self) -> int:
+        """Number of trainable scalars."""
+        return sum(param.size for param, _ in self.parameters())
+
+    def zero_grad(self) -> None:
+        """Set every gradient to zero, in place (the arrays stay the same objects)."""
+        for _, grad in self.parameters():
+            grad[...] = 0
+
+    # ------------------------------------------------------------------ saving and loading
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of every parameter by dotted name (buffers are not saved: they are formulas)."""
+        return {name: param.copy() for name, param, _ in self.named_parameters()}
+
+    def load_state_dict(self, state: dict[str, np.ndarray], strict: bool = True) -> None:
+        """Copy ``state`` into the parameters, in place, casting to each parameter's dtype.
+
+        Raises
+        ------
+        ValueError
+            If a shape differs, or (when ``strict``) a key is missing or unexpected. Nothing
+            is copied unless every check passes.
+        """
+        own = {name: param for name, param, _ in self.named_parameters()}
+        missing = [name for name in own if name not in state]
+        unexpected = [name for name in state if name not in own]
+        if strict and (missing or unexpected):
+            raise ValueError(f"state dict does not match the module: missing keys {missing}, "
+                             f"unexpected keys {unexpected}")
+        misshapen = [f"{name}: expected {own[name].shape}, got {np.shape(state[name])}"
+                     for name in own if name in state and np.shape(state[name]) != own[name].shape]
+        if misshapen:
+            raise ValueError(f"state dict has misshapen entries: {'; '.join(misshapen)}")
+        for name, param in own.items():
+            if name in state:
+                param[...] = state[name]
+
+    # ------------------------------------------------------------------ modes and dtype
+    def train(self, mode: bool = True) -> Module:
+        """Set training mode here and in every child (dropout is active only in training)."""
+        self.training = mode
+        for child in self.children.values():
+            child.train(mode)
+        return self
+
+    def eval(self) -> Module:
+        """Evaluation mode: ``train(False)``."""
+        return self.train(False)
+
+    def astype(self, dtype) -> Module:
+        """Convert parameters, gradients and buffers (here and in children) to ``dtype``.
+
+        The arrays are replaced by new ones: an optimizer holding the old arrays must be
+        rebuilt afterwards.
+        """
+        dtype = np.dtype(dtype)
+        for store in (self.params, self.grads, self.buffers):
+            for name, value in store.items():
+                store[name] = value.astype(dtype)
+        for child in self.children.values():
+            child.astype(dtype)
+        return self
+
+
+class ModuleList(Module):
+    """An ordered list of modules named ``"0"``, ``"1"``, ...; iterate it, index it."""
+
+    def __init__(self, modules: list[Module]) -> None:
+        super().__init__()
+        for i, module in enumerate(modules):
+            self.add(str(i), module)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self.children.values())
+
+    def __len__(self) -> int:
+        return len(self.children)
+
+    def __getitem__(self, i: int) -> Module:
+        return list(self.children.values())[i]

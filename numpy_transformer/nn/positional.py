@@ -1,0 +1,92 @@
+"""Absolute position modules that add one vector per position to the token stream.
+
+RoPE and ALiBi act inside attention instead (``MultiHeadAttention(rope=True)`` /
+``alibi=True``), because they change how queries and keys are compared, not the tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._checks import check_float, check_positive
+from ..functional.positional import sinusoidal_table
+from .module import Module
+
+
+def _check_length(x: np.ndarray, max_len: int, width: int) -> None:
+    check_float("x", x, ndim=3)
+    if x.shape[1] > max_len:
+        raise ValueError(f"sequence length {x.shape[1]} exceeds the position table's "
+                         f"max_len {max_len}")
+    if x.shape[2] != width:
+        raise ValueError(f"x has width {x.shape[2]} (shape {x.shape}), expected {width}")
+
+
+class SinusoidalPositions(Module):
+    """``out = x + PE[:T]`` with the fixed sinusoidal table of Vaswani et al.
+
+    The table (max_len, C) is a buffer: it follows from a formula, so it is neither trained
+    nor saved (the chapter's non-persistent ``position_table``).
+
+    Parameters
+    ----------
+    max_len : int
+        Rows of the table; longer inputs raise ``ValueError`` (the formula extends, but the
+        model was never trained on the new rows).
+    width : int
+        C; must be even.
+    dtype : dtype, default float64
+
+    References
+    ----------
+    Vaswani et al., "Attention Is All You Need", 2017.
+    """
+
+    def __init__(self, max_len: int, width: int, *, dtype=np.float64) -> None:
+        super().__init__()
+        check_positive("max_len", max_len, integer=True)
+        self.max_len, self.width = max_len, width
+        self.buffers["table"] = sinusoidal_table(max_len, width, dtype=dtype)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """x : (B, T, C) -> x + PE[:T] : (B, T, C)."""
+        _check_length(x, self.max_len, self.width)
+        return x + self.buffers["table"][: x.shape[1]]
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """The table is a constant: ``dx = dout``."""
+        return dout
+
+
+class LearnedPositions(Module):
+    """``out = x + table[:T]`` with a trained table (max_len, C), as BERT and GPT-2.
+
+    Parameters
+    ----------
+    max_len, width : int
+    std : float, default 0.02
+        Initial values N(0, std^2) (GPT-2's choice).
+    dtype : dtype, default float64
+    rng : np.random.Generator, optional
+    """
+
+    def __init__(self, max_len: int, width: int, std: float = 0.02, *, dtype=np.float64,
+                 rng: np.random.Generator | None = None) -> None:
+        super().__init__()
+        check_positive("max_len", max_len, integer=True)
+        check_positive("width", width, integer=True)
+        self.max_len, self.width = max_len, width
+        rng = np.random.default_rng() if rng is None else rng
+        self.add_param("table", (std * rng.standard_normal((max_len, width))).astype(dtype))
+        self.cache = None  # the sequence length T
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """x : (B, T, C) -> x + table[:T] : (B, T, C)."""
+        _check_length(x, self.max_len, self.width)
+        self.cache = x.shape[1]
+        return x + self.params["table"][: self.cache]
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """``dtable[:T] += sum_B dout`` (every sequence used the same rows); ``dx = dout``."""
+        self.grads["table"][: self.cache] += dout.sum(axis=0)
+        return dout
