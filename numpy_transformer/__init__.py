@@ -12,3 +12,34 @@ __version__ = "0.1.0"
 __all__ = ["functional", "gradcheck"]
 
 # --- nn exports (module layer) ---
+from . import nn  # noqa: E402
+from .nn import (  # noqa: E402
+    Decoder,
+    DecoderBlock,
+    DecoderLM,
+    Dropout,
+    Embedding,
+    Embeddings,
+    Encoder,
+    EncoderBlock,
+    EncoderClassifier,
+    EncoderDecoder,
+    FeedForward,
+    LayerNorm,
+    LearnedPositions,
+    Linear,
+    Module,
+    ModuleList,
+    MultiHeadAttention,
+    RMSNorm,
+    SinusoidalPositions,
+    TiedOutput,
+    TransformerConfig,
+)
+
+__all__ += ["nn", "Decoder", "DecoderBlock", "DecoderLM", "Dropout", "Embedding", "Embeddings",
+            "Encoder", "EncoderBlock", "EncoderClassifier", "EncoderDecoder", "FeedForward",
+            "LayerNorm", "LearnedPositions", "Linear", "Module", "ModuleList",
+            "MultiHeadAttention", "RMSNorm", "SinusoidalPositions", "TiedOutput",
+            "TransformerConfig"]
+# --- end nn exports ---

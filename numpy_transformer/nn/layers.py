@@ -105,7 +105,8 @@ class Embedding(Module):
         check_positive("vocab", vocab, integer=True)
         check_positive("width", width, integer=True)
         check_positive("std", std)
-        self.add_param("table", (std * _generator(rng).standard_normal((vocab, width))).astype(dtype))
+        table = std * _generator(rng).standard_normal((vocab, width))  # N(0, std^2)
+        self.add_param("table", table.astype(dtype))
         self.cache = None
 
     def forward(self, ids: np.ndarray) -> np.ndarray:

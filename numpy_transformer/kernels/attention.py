@@ -1,0 +1,469 @@
+"""Fused scaled dot-product attention in Numba: a drop-in for the NumPy reference.
+
+Same contract as :mod:`numpy_transformer.functional.attention` (read that file first: it is the
+readable reference, and every kernel below is checked against it in
+``tests/test_kernel_attention.py``):
+
+* ``out, cache = sdpa_forward(q, k, v, mask=None, bias=None, scale=None)``
+* ``dq, dk, dv = sdpa_backward(dout, cache)``
+
+The reference keeps the whole (B, H, T_q, T_k) probability tensor for its backward pass. This
+kernel keeps only one number per query row, the log-sum-exp ``lse = m + log(sum_j exp(s_j - m))``,
+and rebuilds a block of probability rows ``p = exp(s - lse)`` when the backward pass needs it
+(FlashAttention, Dao et al. 2022). Memory is then O(T) per head instead of O(T^2), at the price
+of computing ``q k^T`` twice.
+
+How the work is split
+---------------------
+Queries are cut into blocks of ``_BLOCK_Q`` rows. For one (batch, head) pair and one query block
+the forward pass does::
+
+    s   = q_blk k^T                        (n, T_k)  one BLAS call   (1)
+    s   = s * scale + bias, masked -> -inf            row by row      (2) (3)
+    p   = exp(s - max) / sum                          row by row      (4)
+    out = p v                              (n, D)    one BLAS call   (5)
+
+A causal mask is never materialised: query ``i`` sees keys ``j < kend(i) = i + 1 + T_k - T_q``,
+so the block stops at its last row's ``kend`` and the upper triangle is skipped, not computed
+and thrown away. Per-batch key padding works the same way (``kend`` is also capped at the
+sequence's length). Any other boolean mask is read element by element.
+
+The forward pass runs in parallel over (batch*head, query block) pairs. The backward pass runs
+in parallel over (batch*head, chunk) pairs, where each chunk owns private dk and dv
+accumulators, so no two threads ever add into the same memory; chunks exist only when there
+are fewer (batch, head) pairs than threads, and their partial sums are added at the end.
+
+``exp`` is written out (range reduction + polynomial) because without Intel's SVML library
+Numba calls libm's scalar ``exp`` once per element, which would dominate the run time for
+small head widths; the hand-written one vectorises and is as accurate as ``np.exp`` to about
+one unit in the last place.
+
+References
+----------
+Vaswani et al., "Attention Is All You Need", 2017.
+Dao et al., "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness", 2022.
+Milakov & Gimelshein, "Online normalizer calculation for softmax", 2018 (the log-sum-exp trick).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import numba
+import numpy as np
+from numba import njit, prange
+from numba.core import types
+from numba.extending import overload
+
+from ..functional.attention import check_attention_inputs
+from ..functional.masks import causal_mask
+
+# Query rows per block. One block's scores (n, T_k) and, in backward, its probabilities and
+# their gradients (two more such buffers) should stay in the 1-2 MB per-core L2 cache up to
+# T_k = 2048; 64 rows also make the q_blk k^T product large enough for BLAS to be efficient.
+_BLOCK_Q = 64
+
+_JIT = dict(cache=True, fastmath=False, nogil=True)
+
+
+class SDPAKernelCache(NamedTuple):
+    q: np.ndarray  # (B*H, T_q, D) C-contiguous
+    k: np.ndarray  # (B*H, T_k, D)
+    v: np.ndarray  # (B*H, T_k, D)
+    out: np.ndarray  # (B*H, T_q, D) needed for delta_i = sum_d dout_id out_id
+    lse: np.ndarray  # (B*H, T_q) float64 log-sum-exp of each row; -inf for a fully masked row
+    scale: float
+    shape: tuple  # (B, H, T_q, T_k, D)
+    causal: bool
+    kv_len: np.ndarray  # (B,) int64 number of visible (unpadded) keys per batch entry
+    mask: np.ndarray  # 1-D bool, general mask in its own (unbroadcast) shape; dummy if unused
+    mask_strides: np.ndarray  # (4,) int64 element strides of ``mask`` over (B, H, T_q, T_k)
+    has_mask: bool
+    bias: np.ndarray  # 1-D float, like ``mask``
+    bias_strides: np.ndarray  # (4,) int64
+    has_bias: bool
+
+
+# ---------------------------------------------------------------------------------------------
+# Row helpers: tiny loops the compiler turns into SIMD code.
+# ---------------------------------------------------------------------------------------------
+
+def exp_nonpositive(x, tmp):
+    """In place ``x[:] = np.exp(x)`` for ``x <= 0`` (``-inf`` -> exactly 0). ``tmp`` is scratch.
+
+    NumPy reference: ``np.exp(x, out=x)``. In compiled code this name resolves to a vectorised
+    version for x's dtype (see ``_exp_nonpositive_numba``).
+    """
+    np.exp(x, out=x)
+
+
+# The vectorised exp: write x = n ln2 + r with integer n and |r| <= ln2 / 2, so that
+# exp(x) = 2^n exp(r); exp(r) is a Taylor polynomial (error below half an ulp on that interval)
+# and 2^n is built directly from its bit pattern, (n + exponent bias) << mantissa bits.
+# ln2 is split into a short high part (n * LN2_HI is exact) and the rest (Cody & Waite).
+# Inputs below the smallest normal exponent give 0, as do masked scores (-inf).
+
+@njit(**_JIT)
+def _exp_nonpositive_f64(x, tmp):
+    # x, tmp: (n,) float64
+    bits = tmp.view(np.int64)
+    for j in range(x.shape[0]):
+        xj = max(x[j], -708.0)
+        t = np.floor(xj * 1.4426950408889634 + 0.5)  # n = round(x / ln2)
+        r = (xj - t * 6.93147180369123816490e-01) - t * 1.90821492927058770002e-10
+        p = 1.0 + r * (1.0 + r * (1 / 2 + r * (1 / 6 + r * (1 / 24 + r * (1 / 120 + r * (
+            1 / 720 + r * (1 / 5040 + r * (1 / 40320 + r * (1 / 362880 + r * (
+                1 / 3628800 + r * (1 / 39916800 + r * (1 / 479001600 + r * (
+                    1 / 6227020800)))))))))))))
+        bits[j] = (np.int64(t) + 1023) << 52  # 2^n
+        x[j] = p if x[j] > -708.0 else 0.0
+    twos = tmp.view(np.float64)
+    for j in range(x.shape[0]):
+        x[j] *= twos[j]
+
+
+@njit(**_JIT)
+def _exp_nonpositive_f32(x, tmp):
+    # x, tmp: (n,) float32; all arithmetic in float32 so that 8 lanes fit one AVX register
+    bits = tmp.view(np.int32)
+    lo = np.float32(-87.0)
+    for j in range(x.shape[0]):
+        xj = max(x[j], lo)
+        t = np.floor(xj * np.float32(1.4426950408889634) + np.float32(0.5))
+        r = (xj - t * np.float32(0.693359375)) - t * np.float32(-2.12194440e-4)
+        p = np.float32(1.0) + r * (np.float32(1.0) + r * (np.float32(1 / 2) + r * (
+            np.float32(1 / 6) + r * (np.float32(1 / 24) + r * (np.float32(1 / 120) + r * (
+                np.float32(1 / 720) + r * np.float32(1 / 5040)))))))
+        bits[j] = (np.int32(t) + np.int32(127)) << np.int32(23)  # 2^n
+        x[j] = p if x[j] > lo else np.float32(0.0)
+    twos = tmp.view(np.float32)
+    for j in range(x.shape[0]):
+        x[j] *= twos[j]
+
+
+@overload(exp_nonpositive, jit_options=_JIT)
+def _exp_nonpositive_numba(x, tmp):
+    if x.dtype == types.float32:
+        return lambda x, tmp: _exp_nonpositive_f32(x, tmp)
+    return lambda x, tmp: _exp_nonpositive_f64(x, tmp)
+
+
+@njit(**_JIT)
+def _row_max(x, n):
+    # max(x[:n]) with 8 independent running maxima (SIMD without reordering rules); -inf if n == 0
+    m = np.full(8, -np.inf)
+    n8 = n - n % 8
+    for j in range(0, n8, 8):
+        for u in range(8):
+            m[u] = max(m[u], x[j + u])
+    best = -np.inf
+    for u in range(8):
+        best = max(best, m[u])
+    for j in range(n8, n):
+        best = max(best, x[j])
+    return best
+
+
+@njit(**_JIT)
+def _row_sum(x, n):
+    # sum(x[:n]) in float64 with 8 independent partial sums (SIMD without reordering rules)
+    acc = np.zeros(8)
+    n8 = n - n % 8
+    for j in range(0, n8, 8):
+        for u in range(8):
+            acc[u] += x[j + u]
+    total = 0.0
+    for u in range(8):
+        total += acc[u]
+    for j in range(n8, n):
+        total += x[j]
+    return total
+
+
+@njit(**_JIT)
+def _key_end(i, b, t_q, t_k, causal, kv_len):
+    # query i of batch entry b sees keys j < key_end (the causal triangle and the padding)
+    end = kv_len[b]
+    if causal:
+        end = min(end, i + 1 + t_k - t_q)
+    return max(end, 0)
+
+
+@njit(**_JIT)
+def _scores_row(row, i, bh, heads, kend, scale, mask, mstr, has_mask, bias, bstr, has_bias):
+    # (1)-(3) in place on one row of q k^T: s = s * scale + bias, s[~mask] = -inf
+    # row: (n_k,) raw scores; entries from kend on are hidden (causal or padding) -> -inf
+    b, h = bh // heads, bh % heads
+    for j in range(kend):
+        row[j] *= scale
+    if has_bias:
+        base = b * bstr[0] + h * bstr[1] + i * bstr[2]
+        for j in range(kend):
+            row[j] += bias[base + j * bstr[3]]
+    if has_mask:
+        base = b * mstr[0] + h * mstr[1] + i * mstr[2]
+        for j in range(kend):
+            if not mask[base + j * mstr[3]]:
+                row[j] = -np.inf
+    for j in range(kend, row.shape[0]):
+        row[j] = -np.inf
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward
+# ---------------------------------------------------------------------------------------------
+
+@njit(parallel=True, **_JIT)
+def _sdpa_forward_kernel(q, k, v, scale, heads, causal, kv_len,
+                         mask, mstr, has_mask, bias, bstr, has_bias, out, lse):
+    # Equations (1)-(5) of functional/attention.sdpa_forward, one query block per work item.
+    # q: (BH, T_q, D), k, v: (BH, T_k, D) -> out: (BH, T_q, D), lse: (BH, T_q) float64
+    n_bh, t_q, d = q.shape
+    t_k = k.shape[1]
+    n_blk = (t_q + _BLOCK_Q - 1) // _BLOCK_Q
+    sc = q.dtype.type(scale)
+    for item in prange(n_bh * n_blk):
+        bh, blk = item // n_blk, item % n_blk
+        b = bh // heads
+        i0 = blk * _BLOCK_Q
+        i1 = min(i0 + _BLOCK_Q, t_q)
+        # rows' visible key ranges only grow with i, so the last row's is the block's
+        k_hi = _key_end(i1 - 1, b, t_q, t_k, causal, kv_len)
+        if k_hi == 0:
+            out[bh, i0:i1] = 0.0
+            lse[bh, i0:i1] = -np.inf
+            continue
+        s = np.dot(q[bh, i0:i1], k[bh, :k_hi].T)  # (1) (n, k_hi)
+        tmp = np.empty(k_hi, q.dtype)
+        for r in range(i1 - i0):
+            i = i0 + r
+            row = s[r]
+            kend = min(_key_end(i, b, t_q, t_k, causal, kv_len), k_hi)
+            _scores_row(row, i, bh, heads, kend, sc, mask, mstr, has_mask, bias, bstr, has_bias)
+            m = _row_max(row, kend)  # (4) softmax, stabilised by the row max
+            if m == -np.inf:  # every key masked: p = 0, out = 0
+                row[:] = 0.0
+                lse[bh, i] = -np.inf
+                continue
+            for j in range(kend):
+                row[j] -= m
+            exp_nonpositive(row, tmp)  # e = exp(s - m); 0 where masked (s = -inf)
+            z = _row_sum(row, kend)
+            lse[bh, i] = m + math.log(z)
+            inv_z = q.dtype.type(1.0 / z)
+            for j in range(kend):
+                row[j] *= inv_z  # p = e / z
+        out[bh, i0:i1] = np.dot(s, v[bh, :k_hi])  # (5) out = p v
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward
+# ---------------------------------------------------------------------------------------------
+
+@njit(parallel=True, **_JIT)
+def _sdpa_backward_kernel(dout, q, k, v, delta, lse, scale, heads, causal, kv_len,
+                          mask, mstr, has_mask, bias, bstr, has_bias, dq, dk_part, dv_part):
+    # Backward of (5)-(1), probabilities rebuilt from lse; mirrors functional sdpa_backward.
+    # dout, q: (BH, T_q, D); k, v: (BH, T_k, D); delta, lse: (BH, T_q) float64
+    # -> dq: (BH, T_q, D); dk_part, dv_part: (BH, n_chunks, T_k, D) partial sums per chunk
+    n_bh, t_q, d = q.shape
+    t_k = k.shape[1]
+    n_chunks = dk_part.shape[1]
+    n_blk = (t_q + _BLOCK_Q - 1) // _BLOCK_Q
+    sc = q.dtype.type(scale)
+    for item in prange(n_bh * n_chunks):
+        bh, c = item // n_chunks, item % n_chunks
+        b = bh // heads
+        dk_acc = dk_part[bh, c]  # (T_k, D) owned by this work item only
+        dv_acc = dv_part[bh, c]
+        dk_acc[:] = 0.0
+        dv_acc[:] = 0.0
+        # chunk c takes blocks c, c + n_chunks, ...: under a causal mask every chunk then gets
+        # a similar share of short (early) and long (late) rows
+        for blk in range(c, n_blk, n_chunks):
+            i0 = blk * _BLOCK_Q
+            i1 = min(i0 + _BLOCK_Q, t_q)
+            k_hi = _key_end(i1 - 1, b, t_q, t_k, causal, kv_len)
+            if k_hi == 0:
+                dq[bh, i0:i1] = 0.0
+                continue
+            q_blk = q[bh, i0:i1]  # (n, D)
+            do_blk = dout[bh, i0:i1]  # (n, D)
+            p = np.dot(q_blk, k[bh, :k_hi].T)  # (1) recomputed scores (n, k_hi)
+            ds = np.dot(do_blk, v[bh, :k_hi].T)  # (5) out = p v  =>  dp = dout v^T
+            tmp = np.empty(k_hi, q.dtype)
+            for r in range(i1 - i0):
+                i = i0 + r
+                prow, dsrow = p[r], ds[r]
+                kend = min(_key_end(i, b, t_q, t_k, causal, kv_len), k_hi)
+                if lse[bh, i] == -np.inf:  # fully masked row: p = 0, so every gradient is 0
+                    prow[:] = 0.0
+                    dsrow[:] = 0.0
+                    continue
+                _scores_row(prow, i, bh, heads, kend, sc, mask, mstr, has_mask,
+                            bias, bstr, has_bias)
+                # (4) p = exp(s - lse), the forward's softmax without a second normalisation
+                lse_i = lse[bh, i]
+                for j in range(kend):
+                    prow[j] = prow[j] - lse_i
+                exp_nonpositive(prow, tmp)
+                # (4) p = softmax(s)  =>  ds = p * (dp - delta),  delta = sum_j dp_j p_j
+                #                                                     = sum_d dout_d out_d
+                delta_i = delta[bh, i]
+                for j in range(kend):
+                    dsrow[j] = prow[j] * (dsrow[j] - delta_i)
+                for j in range(kend, k_hi):
+                    dsrow[j] = 0.0
+            # (5) out = p v  =>  dv = p^T dout
+            dv_acc[:k_hi] += np.dot(p.T, do_blk)
+            # (1) s = q k^T * scale  =>  dq = ds k * scale,  dk = ds^T q * scale
+            dq[bh, i0:i1] = np.dot(ds, k[bh, :k_hi]) * sc
+            dk_acc[:k_hi] += np.dot(ds.T, q_blk) * sc
+
+
+# ---------------------------------------------------------------------------------------------
+# Python wrappers: validation, mask analysis, the public contract
+# ---------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=16)
+def _causal(t_q: int, t_k: int) -> np.ndarray:
+    m = causal_mask(t_q, t_k)
+    m.flags.writeable = False
+    return m
+
+
+def _as_4d(x: np.ndarray) -> np.ndarray:
+    return x.reshape((1,) * (4 - x.ndim) + x.shape)
+
+
+def _analyse_mask(mask, b: int, t_q: int, t_k: int):
+    """Split a boolean mask into what the kernel can skip and what it must read.
+
+    Returns ``(causal, kv_len, rest)``: the mask equals ``causal_mask(t_q, t_k)`` (if
+    ``causal``) AND ``key j < kv_len[b]``, and then ``rest`` is ``None``; otherwise
+    ``causal = False``, ``kv_len = t_k`` for all b and ``rest`` is the mask itself (4-D).
+    Recognising the structure costs one pass over the mask, which is small next to attention.
+    """
+    full = np.full(b, t_k, dtype=np.int64)
+    if mask is None:
+        return False, full, None
+    m = _as_4d(np.asarray(mask))
+    if m.shape[1] != 1 or m.shape[2] not in (1, t_q):
+        return False, full, m  # differs between heads or is not row-structured: read it
+    rows = m[:, 0]  # (B or 1, T_q or 1, T_k)
+    last = rows[:, -1, :]  # last query row: sees every unpadded key, causal or not
+    lengths = last.sum(axis=-1)  # (B or 1,)
+    prefix = np.arange(t_k) < lengths[:, None]  # (B or 1, T_k) key j < kv_len[b]
+    if not np.array_equal(last, prefix):
+        return False, full, m
+    kv_len = np.broadcast_to(lengths, (b,)).astype(np.int64)
+    if np.array_equal(rows, np.broadcast_to(prefix[:, None, :], rows.shape)):
+        return False, kv_len, None  # key padding only (or no masking at all)
+    if t_q <= t_k and rows.shape[1] == t_q:
+        tri = _causal(t_q, t_k)
+        if np.array_equal(rows, tri[None] & prefix[:, None, :]):
+            return True, kv_len, None
+    return False, full, m
+
+
+def _flat_with_strides(x: np.ndarray | None, dtype):
+    """A 4-D broadcastable array as (1-D contiguous copy or view, element strides over B,H,T_q,T_k).
+
+    Axes of length 1 get stride 0, so the kernel reads ``flat[b*s0 + h*s1 + i*s2 + j*s3]``
+    whatever the broadcast pattern, without ever building the (B, H, T_q, T_k) array.
+    """
+    if x is None:
+        return np.zeros(1, dtype=dtype), np.zeros(4, dtype=np.int64), False
+    x = np.ascontiguousarray(_as_4d(x), dtype=dtype)
+    if not x.flags.writeable:  # keep one compiled signature (Numba types read-only separately)
+        x = x.copy()
+    strides = np.array([s // x.itemsize if n > 1 else 0 for s, n in zip(x.strides, x.shape)],
+                       dtype=np.int64)
+    return x.reshape(-1), strides, True
+
+
+def _n_threads() -> int:
+    return numba.get_num_threads()
+
+
+def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
+    """Fused scaled dot-product attention, ``softmax(q k^T * scale + bias, masked) v``.
+
+    Same parameters, returns and errors as
+    :func:`numpy_transformer.functional.attention.sdpa_forward`; only the cache differs
+    (``SDPAKernelCache``: the per-row log-sum-exp instead of the probabilities).
+
+    Parameters
+    ----------
+    q : ndarray of shape (B, H, T_q, D), float32 or float64
+    k, v : ndarray of shape (B, H, T_k, D), same dtype
+    mask : ndarray of bool, broadcastable to (B, H, T_q, T_k), optional
+        ``True`` = may attend. ``causal_mask(T_q, T_k)``, ``key_padding_mask(lengths, T_k)`` and
+        their AND are recognised and their hidden keys are skipped, not computed.
+    bias : ndarray of float, broadcastable to (B, H, T_q, T_k), optional
+        Constant additive score bias (ALiBi). Converted to q's dtype.
+    scale : float, optional
+        Score scale, default ``1 / sqrt(D)``.
+
+    Returns
+    -------
+    out : ndarray of shape (B, H, T_q, D), q's dtype
+    cache : SDPAKernelCache
+
+    Raises
+    ------
+    ValueError
+        If shapes, dtypes, the mask or the bias do not fit (same checks as the reference).
+
+    Notes
+    -----
+    (1) s = q k^T * scale   (2) s += bias   (3) s[~mask] = -inf
+    (4) p = softmax(s) along keys (0 for a fully masked row)   (5) out = p v
+    Stored for backward: lse = log sum_j exp(s_j), so that p = exp(s - lse).
+    """
+    check_attention_inputs(q, k, v, mask, bias)
+    b, h, t_q, d = q.shape
+    t_k = k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    causal, kv_len, rest = _analyse_mask(mask, b, t_q, t_k)
+    mask_flat, mstr, has_mask = _flat_with_strides(rest, np.bool_)
+    bias_flat, bstr, has_bias = _flat_with_strides(bias, q.dtype)
+    q3 = np.ascontiguousarray(q).reshape(b * h, t_q, d)
+    k3 = np.ascontiguousarray(k).reshape(b * h, t_k, d)
+    v3 = np.ascontiguousarray(v).reshape(b * h, t_k, d)
+    out = np.empty_like(q3)  # (BH, T_q, D)
+    lse = np.empty((b * h, t_q), dtype=np.float64)  # (BH, T_q)
+    _sdpa_forward_kernel(q3, k3, v3, scale, h, causal, kv_len,
+                         mask_flat, mstr, has_mask, bias_flat, bstr, has_bias, out, lse)
+    cache = SDPAKernelCache(q3, k3, v3, out, lse, scale, (b, h, t_q, t_k, d), causal, kv_len,
+                            mask_flat, mstr, has_mask, bias_flat, bstr, has_bias)
+    return out.reshape(b, h, t_q, d), cache
+
+
+def sdpa_backward(dout, cache: SDPAKernelCache):
+    """Gradients of :func:`sdpa_forward`: returns ``(dq, dk, dv)``, each shaped like its input.
+
+    Rows whose keys are all masked get zero gradients; a masked (query, key) pair contributes
+    exactly zero to dq, dk and dv.
+    """
+    b, h, t_q, t_k, d = cache.shape
+    q3 = cache.q
+    if not isinstance(dout, np.ndarray) or dout.shape != (b, h, t_q, d):
+        raise ValueError(f"dout must be an array of shape {(b, h, t_q, d)}, got "
+                         f"{getattr(dout, 'shape', type(dout).__name__)}")
+    do3 = np.ascontiguousarray(dout, dtype=q3.dtype).reshape(b * h, t_q, d)
+    # (4) delta_i = sum_j dp_ij p_ij = sum_d dout_id out_id  (one number per row, float64)
+    delta = np.einsum("ntd,ntd->nt", do3, cache.out, dtype=np.float64)
+    n_chunks = max(1, -(-_n_threads() // (b * h)))  # split rows only if heads < threads
+    dq = np.empty_like(q3)
+    dk_part = np.empty((b * h, n_chunks, t_k, d), dtype=q3.dtype)
+    dv_part = np.empty((b * h, n_chunks, t_k, d), dtype=q3.dtype)
+    _sdpa_backward_kernel(do3, q3, cache.k, cache.v, delta, cache.lse, cache.scale, h,
+                          cache.causal, cache.kv_len, cache.mask, cache.mask_strides,
+                          cache.has_mask, cache.bias, cache.bias_strides, cache.has_bias,
+                          dq, dk_part, dv_part)
+    dk = dk_part[:, 0] if n_chunks == 1 else dk_part.sum(axis=1)
+    dv = dv_part[:, 0] if n_chunks == 1 else dv_part.sum(axis=1)
+    return dq.reshape(b, h, t_q, d), dk.reshape(b, h, t_k, d), dv.reshape(b, h, t_k, d)

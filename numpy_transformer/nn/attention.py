@@ -1,0 +1,220 @@
+"""Multi-head attention, self or cross, with optional RoPE or ALiBi, on a selectable backend.
+
+The scaled dot-product core comes from a backend with one contract,
+``out, cache = sdpa_forward(q, k, v, mask, bias)`` and ``dq, dk, dv = sdpa_backward(dout,
+cache)``: ``"numpy"`` is the readable reference in ``functional/attention.py``, ``"numba"``
+the fused kernel in ``kernels/attention.py`` (imported only when asked for).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .._checks import check_float, check_last_dim, check_positive
+from ..functional import attention as numpy_attention
+from ..functional.linear import LinearCache, linear_backward, linear_forward
+from ..functional.positional import alibi_bias, rope_backward, rope_forward, rope_tables
+from .module import Module
+
+BACKENDS = ("numpy", "numba")
+
+
+def sdpa_backend(name: str):
+    """``(sdpa_forward, sdpa_backward)`` of the backend ``"numpy"`` or ``"numba"``."""
+    if name == "numpy":
+        return numpy_attention.sdpa_forward, numpy_attention.sdpa_backward
+    if name == "numba":
+        from ..kernels import attention as numba_attention  # lazy: compiles on first import
+
+        return numba_attention.sdpa_forward, numba_attention.sdpa_backward
+    raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+
+
+def split_heads(x: np.ndarray, heads: int) -> np.ndarray:
+    """(B, T, C) -> (B, H, T, D) with D = C / H: head h owns features h*D .. (h+1)*D - 1."""
+    b, t, c = x.shape
+    return x.reshape(b, t, heads, c // heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x: np.ndarray) -> np.ndarray:
+    """(B, H, T, D) -> (B, T, H*D): the inverse of :func:`split_heads` (and its backward)."""
+    b, h, t, d = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, t, h * d)
+
+
+class AttentionCache(NamedTuple):
+    q: LinearCache  # projection of the queries' source x (B, T_q, C)
+    k: LinearCache  # projection of the keys' source (B, T_k, C)
+    v: LinearCache  # projection of the values' source (B, T_k, C)
+    sdpa: object  # the backend's own cache
+    out: LinearCache  # output projection of the merged heads (B, T_q, C)
+    cross: bool  # keys and values came from a context
+    t_q: int
+    t_k: int
+
+
+class MultiHeadAttention(Module):
+    """Multi-head scaled dot-product attention with output projection.
+
+    Parameters
+    ----------
+    width : int
+        C, the model width; split into ``heads`` heads of width D = C / H.
+    heads : int
+        H; must divide ``width``.
+    rope : bool, default False
+        Rotate queries and keys by their positions (self-attention only; D must be even).
+    alibi : bool, default False
+        Add the ALiBi distance bias to the scores (self-attention only).
+    max_len : int, optional
+        Longest sequence; required with ``rope`` (the angle tables are precomputed).
+    backend : {"numpy", "numba"}, default "numpy"
+    keep_weights : bool, default False
+        If True, every forward stores the attention weights (B, H, T_q, T_k) in
+        ``self.weights`` for plotting (computed again, outside the gradient path).
+    dtype : dtype, default float64
+    rng : np.random.Generator, optional
+
+    Attributes
+    ----------
+    params : wq, bq, wk, bk, wv, bv, wo, bo
+        Each w is (C, C) in the ``x @ w`` layout, each b is (C,): 4C^2 + 4C numbers whatever
+        the head count. Initialised like four ``nn.Linear(C, C)``: U(-1/sqrt(C), 1/sqrt(C)).
+
+    Notes
+    -----
+    With ``src = x`` (self-attention) or ``src = context`` (cross-attention):
+
+    (1) q = x wq + bq,  k = src wk + bk,  v = src wv + bv          (B, T, C)
+    (2) split into heads                                           (B, H, T, D)
+    (3) q, k = rope(q), rope(k)                                    (if rope)
+    (4) o = softmax(q k^T / sqrt(D) + alibi, masked) v             (B, H, T_q, D)
+    (5) merge heads                                                (B, T_q, C)
+    (6) out = o wo + bo                                            (B, T_q, C)
+
+    References
+    ----------
+    Vaswani et al., "Attention Is All You Need", 2017.
+    Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding", 2021.
+    Press, Smith & Lewis, "Train Short, Test Long: Attention with Linear Biases", 2022.
+    """
+
+    def __init__(self, width: int, heads: int, *, rope: bool = False, alibi: bool = False,
+                 max_len: int | None = None, backend: str = "numpy", keep_weights: bool = False,
+                 dtype=np.float64, rng: np.random.Generator | None = None) -> None:
+        super().__init__()
+        check_positive("width", width, integer=True)
+        check_positive("heads", heads, integer=True)
+        if width % heads:
+            raise ValueError(f"heads={heads} does not divide width={width}")
+        self.width, self.heads, self.head_width = width, heads, width // heads
+        self.rope, self.alibi, self.max_len = rope, alibi, max_len
+        self.backend, self.keep_weights = backend, keep_weights
+        self.sdpa_forward, self.sdpa_backward = sdpa_backend(backend)
+        if rope:
+            if self.head_width % 2:
+                raise ValueError(f"rope needs an even head width, got width {width} / "
+                                 f"heads {heads} = {self.head_width}")
+            if max_len is None:
+                raise ValueError("rope needs max_len (the length of its angle tables)")
+            check_positive("max_len", max_len, integer=True)
+            cos, sin = rope_tables(max_len, self.head_width, dtype=dtype)  # (max_len, D/2)
+            self.buffers["rope_cos"], self.buffers["rope_sin"] = cos, sin
+        rng = np.random.default_rng() if rng is None else rng
+        bound = 1.0 / np.sqrt(width)
+        for name in ("q", "k", "v", "o"):
+            self.add_param("w" + name, rng.uniform(-bound, bound, (width, width)).astype(dtype))
+            self.add_param("b" + name, rng.uniform(-bound, bound, width).astype(dtype))
+        self.cache = None
+        self.weights = None
+
+    def _check_inputs(self, x: np.ndarray, context: np.ndarray | None) -> None:
+        check_float("x", x, ndim=3)
+        check_last_dim("x", x, self.width)
+        if context is None:
+            if self.max_len is not None and x.shape[1] > self.max_len:
+                raise ValueError(f"sequence length {x.shape[1]} exceeds max_len {self.max_len}")
+            return
+        check_float("context", context, ndim=3)
+        check_last_dim("context", context, self.width)
+        if context.shape[0] != x.shape[0]:
+            raise ValueError(f"context batch {context.shape[0]} differs from x batch {x.shape[0]}")
+        if self.rope or self.alibi:
+            raise ValueError("rope and alibi encode positions within one sequence; they are "
+                             "undefined for cross-attention (pass context=None)")
+
+    def forward(self, x: np.ndarray, context: np.ndarray | None = None,
+                mask: np.ndarray | None = None) -> np.ndarray:
+        """Self-attention (``context=None``) or cross-attention to ``context``.
+
+        Parameters
+        ----------
+        x : ndarray of shape (B, T_q, C)
+            Source of the queries (and of keys and values in self-attention).
+        context : ndarray of shape (B, T_k, C), optional
+            Source of keys and values for cross-attention (an encoder's output).
+        mask : ndarray of bool, broadcastable to (B, H, T_q, T_k), optional
+            ``True`` = may attend. Build it with ``functional.masks``. A query that may
+            attend nothing gets a zero output and zero gradient.
+
+        Returns
+        -------
+        out : ndarray of shape (B, T_q, C)
+        """
+        self._check_inputs(x, context)
+        src = x if context is None else context
+        p = self.params
+        q, q_cache = linear_forward(x, p["wq"], p["bq"])  # (1) (B, T_q, C)
+        k, k_cache = linear_forward(src, p["wk"], p["bk"])  # (B, T_k, C)
+        v, v_cache = linear_forward(src, p["wv"], p["bv"])
+        q, k, v = (split_heads(a, self.heads) for a in (q, k, v))  # (2) (B, H, T, D)
+        t_q, t_k = q.shape[2], k.shape[2]
+        if self.rope:  # (3) self-attention: position p of q and of k is the same p
+            cos, sin = self.buffers["rope_cos"][:t_q], self.buffers["rope_sin"][:t_q]
+            q, k = rope_forward(q, cos, sin), rope_forward(k, cos, sin)
+        bias = alibi_bias(self.heads, t_q, t_k, dtype=x.dtype) if self.alibi else None
+        o, sdpa_cache = self.sdpa_forward(q, k, v, mask=mask, bias=bias)  # (4) (B, H, T_q, D)
+        if self.keep_weights:
+            self.weights = numpy_attention.attention_weights(q, k, mask=mask, bias=bias)
+        out, out_cache = linear_forward(merge_heads(o), p["wo"], p["bo"])  # (5), (6)
+        self.cache = AttentionCache(q_cache, k_cache, v_cache, sdpa_cache, out_cache,
+                                    context is not None, t_q, t_k)
+        return out
+
+    def backward(self, dout: np.ndarray):
+        """Gradients of the last forward; adds into every ``grads`` entry.
+
+        Returns
+        -------
+        dx : ndarray of shape (B, T_q, C)
+            Self-attention: the sum of the three paths through q, k and v.
+        (dx, dcontext) : tuple, for cross-attention
+            ``dcontext`` (B, T_k, C) sums the paths through k and v.
+        """
+        c = self.cache
+        # (6) out = o wo + bo
+        do, dwo, dbo = linear_backward(dout, c.out)
+        self.grads["wo"] += dwo
+        self.grads["bo"] += dbo
+        # (5) merge heads  =>  split the gradient the same way
+        do = split_heads(do, self.heads)  # (B, H, T_q, D)
+        # (4) attention core
+        dq, dk, dv = self.sdpa_backward(do, c.sdpa)
+        # (3) rotation  =>  inverse rotation
+        if self.rope:
+            cos, sin = self.buffers["rope_cos"][: c.t_q], self.buffers["rope_sin"][: c.t_q]
+            dq, dk = rope_backward(dq, cos, sin), rope_backward(dk, cos, sin)
+        # (2) split heads  =>  merge the gradients
+        dq, dk, dv = merge_heads(dq), merge_heads(dk), merge_heads(dv)  # (B, T, C)
+        # (1) the three projections
+        dx, dwq, dbq = linear_backward(dq, c.q)
+        dsrc_k, dwk, dbk = linear_backward(dk, c.k)
+        dsrc_v, dwv, dbv = linear_backward(dv, c.v)
+        for name, grad in (("wq", dwq), ("bq", dbq), ("wk", dwk), ("bk", dbk),
+                           ("wv", dwv), ("bv", dbv)):
+            self.grads[name] += grad
+        if c.cross:
+            return dx, dsrc_k + dsrc_v
+        return dx + dsrc_k + dsrc_v  # x fed q, k and v: its gradient is the sum of all three

@@ -1,0 +1,423 @@
+"""Adam / AdamW against the textbook equations, against each other (NumPy vs numba) and against
+torch.optim; global-norm clipping against its definition and torch; the LR schedules."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pytest
+
+from numpy_transformer.optim import (
+    Adam,
+    AdamW,
+    adam_update_numba,
+    adam_update_numpy,
+    clip_grad_norm,
+    constant_lr,
+    warmup_cosine,
+)
+
+KERNELS = ["numpy", "numba"]
+SHAPES = {"emb": (11, 6), "w": (6, 5), "b": (5,), "gain": (5,), "w3": (2, 3, 4)}
+
+
+def make_params(rng, dtype=np.float64):
+    return {k: rng.standard_normal(s).astype(dtype) for k, s in SHAPES.items()}
+
+
+def make_grads(rng, params, scale=1.0):
+    return {k: (scale * rng.standard_normal(p.shape)).astype(p.dtype) for k, p in params.items()}
+
+
+def textbook_adam(params, grad_seq, lr, betas, eps, wd, decoupled, decayed):
+    """Kingma & Ba / Loshchilov & Hutter written plainly, in float64, independent of optim.py."""
+    b1, b2 = betas
+    p = {k: v.astype(np.float64) for k, v in params.items()}
+    m = {k: np.zeros_like(v) for k, v in p.items()}
+    v = {k: np.zeros_like(x) for k, x in p.items()}
+    for t, grads in enumerate(grad_seq, start=1):
+        for k in p:
+            g = grads[k].astype(np.float64)
+            w = wd if k in decayed else 0.0
+            if decoupled:
+                p[k] = p[k] - lr * w * p[k]
+            else:
+                g = g + w * p[k]
+            m[k] = b1 * m[k] + (1 - b1) * g
+            v[k] = b2 * v[k] + (1 - b2) * g * g
+            m_hat = m[k] / (1 - b1 ** t)
+            v_hat = v[k] / (1 - b2 ** t)
+            # torch adds eps after dividing sqrt(v) by sqrt(1 - b2^t), i.e. to sqrt(v_hat)
+            p[k] = p[k] - lr * m_hat / (np.sqrt(v_hat) + eps)
+    return p
+
+
+# --------------------------------------------------------------------------------------------
+# Adam / AdamW arithmetic
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("cls", [Adam, AdamW])
+def test_matches_textbook_equations(cls, kernel):
+    rng = np.random.default_rng(0)
+    params = make_params(rng)
+    grad_seq = [make_grads(rng, params) for _ in range(5)]
+    hyper = dict(lr=0.01, betas=(0.8, 0.95), eps=1e-6, wd=0.1)
+    expected = textbook_adam(params, grad_seq, **hyper, decoupled=cls is AdamW,
+                             decayed={"emb", "w", "w3"})  # the default rule: ndim >= 2
+    opt = cls(lr=hyper["lr"], betas=hyper["betas"], eps=hyper["eps"],
+              weight_decay=hyper["wd"], kernel=kernel)
+    for grads in grad_seq:
+        opt.step(params, grads)
+    assert opt.t == 5
+    for k in params:
+        np.testing.assert_allclose(params[k], expected[k], rtol=1e-12, atol=1e-14, err_msg=k)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_first_step_is_lr_times_sign(kernel):
+    # After one step the bias-corrected moments are g and g^2, so the update is
+    # lr * g / (|g| + eps): almost exactly lr * sign(g), whatever the scale of g.
+    rng = np.random.default_rng(1)
+    params = make_params(rng)
+    before = {k: p.copy() for k, p in params.items()}
+    grads = make_grads(rng, params, scale=1e3)
+    Adam(lr=0.05, kernel=kernel).step(params, grads)
+    for k in params:
+        g = grads[k]
+        np.testing.assert_allclose(before[k] - params[k], 0.05 * g / (np.abs(g) + 1e-8),
+                                   rtol=1e-12, err_msg=k)
+        np.testing.assert_allclose(before[k] - params[k], 0.05 * np.sign(g), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_numba_kernel_equals_numpy_reference_bitwise(dtype, decoupled):
+    rng = np.random.default_rng(2)
+    f = np.dtype(dtype).type
+    p = rng.standard_normal(1000).astype(dtype)
+    m = (0.1 * rng.standard_normal(1000)).astype(dtype)
+    v = (0.01 * rng.random(1000)).astype(dtype)
+    state_a = [p.copy(), m.copy(), v.copy()]
+    state_b = [p.copy(), m.copy(), v.copy()]
+    scratch = np.empty_like(p)
+    for t in range(1, 6):
+        g = rng.standard_normal(1000).astype(dtype)
+        lr, wd, b1, b2 = 3e-3, 0.1, 0.9, 0.999
+        scalars = [f(1 - lr * wd if decoupled else 1.0), f(0.0 if decoupled else wd),
+                   f(1 - b1), f(b2), f(1 - b2), f((1 - b2 ** t) ** 0.5), f(1e-8),
+                   f(-lr / (1 - b1 ** t))]
+        adam_update_numpy(*state_a[:1], g, *state_a[1:], scratch, *scalars)
+        adam_update_numba(*state_b[:1], g, *state_b[1:], scratch, *scalars)
+        for name, a, b in zip("pmv", state_a, state_b, strict=True):
+            assert a.dtype == dtype
+            np.testing.assert_array_equal(a, b, err_msg=f"{name} at step {t}")
+
+
+def test_numba_path_handles_non_contiguous_params():
+    rng = np.random.default_rng(3)
+    base = {"w": rng.standard_normal((6, 4)), "b": rng.standard_normal(4)}
+    grads_seq = [{"w": rng.standard_normal((4, 6)).T, "b": rng.standard_normal(4)}
+                 for _ in range(3)]
+    results = []
+    for kernel in KERNELS:
+        params = {"w": base["w"].T.copy().T, "b": base["b"].copy()}  # w: a Fortran-order view
+        assert not params["w"].flags.c_contiguous
+        opt = AdamW(lr=0.1, kernel=kernel)
+        for grads in grads_seq:
+            opt.step(params, grads)
+        results.append(params)
+    for k in base:
+        np.testing.assert_array_equal(results[0][k], results[1][k], err_msg=k)
+        assert not np.array_equal(results[0][k], base[k])
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dtype_is_preserved(dtype, kernel):
+    rng = np.random.default_rng(4)
+    params = make_params(rng, dtype)
+    opt = AdamW(kernel=kernel)
+    opt.step(params, make_grads(rng, params))
+    for k in params:
+        assert params[k].dtype == dtype and opt.m[k].dtype == dtype and opt.v[k].dtype == dtype
+
+
+def test_decay_rule_default_names_and_callable():
+    rng = np.random.default_rng(5)
+    zero = {k: np.zeros_like(p) for k, p in make_params(rng).items()}
+
+    def decayed_after_one_step(**kwargs):
+        params = make_params(np.random.default_rng(6))
+        before = {k: p.copy() for k, p in params.items()}
+        AdamW(lr=0.1, weight_decay=0.5, **kwargs).step(params, zero)  # zero grad: only decay
+        return {k for k in params if not np.array_equal(params[k], before[k])}
+
+    assert decayed_after_one_step() == {"emb", "w", "w3"}
+    assert decayed_after_one_step(decay={"b", "w"}) == {"b", "w"}
+    assert decayed_after_one_step(decay=lambda name, p: name.startswith("w")) == {"w", "w3"}
+    # with zero gradient, the update is exactly p * (1 - lr * wd)
+    params = make_params(np.random.default_rng(6))
+    before = params["w"].copy()
+    AdamW(lr=0.1, weight_decay=0.5).step(params, zero)
+    np.testing.assert_allclose(params["w"], before * (1 - 0.1 * 0.5), rtol=1e-15)
+
+
+def test_step_lr_overrides_and_zero_lr_only_moves_moments():
+    rng = np.random.default_rng(7)
+    params = make_params(rng)
+    before = {k: p.copy() for k, p in params.items()}
+    opt = Adam(lr=0.5)
+    opt.step(params, make_grads(rng, params), lr=0.0)
+    for k in params:
+        np.testing.assert_array_equal(params[k], before[k])
+        assert np.any(opt.m[k] != 0)
+    assert opt.t == 1
+
+
+def test_defaults_are_torchs():
+    torch = pytest.importorskip("torch")
+    for ours, theirs in ((Adam(), torch.optim.Adam), (AdamW(), torch.optim.AdamW)):
+        d = theirs([torch.zeros(1, requires_grad=True)]).defaults
+        assert (ours.lr, ours.betas, ours.eps, ours.weight_decay) == \
+            (d["lr"], d["betas"], d["eps"], d["weight_decay"]), type(ours).__name__
+
+
+# --------------------------------------------------------------------------------------------
+# Against PyTorch: 20 steps of clip + step with a warmup-cosine schedule
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-6), (np.float64, 1e-12)])
+@pytest.mark.parametrize("name", ["Adam", "AdamW"])
+def test_matches_torch_over_20_steps(name, dtype, tol, kernel):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    params = make_params(rng, dtype)
+    wd = 0.05
+    ours = {"Adam": Adam, "AdamW": AdamW}[name](lr=1.0, betas=(0.9, 0.99), eps=1e-7,
+                                                 weight_decay=wd, kernel=kernel)
+    tparams = {k: torch.tensor(p.copy(), requires_grad=True) for k, p in params.items()}
+    groups = [{"params": [t for k, t in tparams.items() if params[k].ndim >= 2],
+               "weight_decay": wd},
+              {"params": [t for k, t in tparams.items() if params[k].ndim < 2],
+               "weight_decay": 0.0}]
+    theirs = getattr(torch.optim, name)(groups, lr=1.0, betas=(0.9, 0.99), eps=1e-7)
+    schedule = warmup_cosine(0.05, warmup_steps=5, total_steps=20, floor=0.005)
+    for step in range(1, 21):
+        # large gradients on some steps, so clipping is active on those and not on others
+        grads = make_grads(rng, params, scale=3.0 if step % 2 else 0.05)
+        for k, t in tparams.items():
+            t.grad = torch.tensor(grads[k].copy())
+        norm = clip_grad_norm(grads, max_norm=1.0)
+        tnorm = torch.nn.utils.clip_grad_norm_(list(tparams.values()), max_norm=1.0)
+        assert math.isclose(norm, float(tnorm), rel_tol=10 * tol), f"norm at step {step}"
+        for k, t in tparams.items():
+            np.testing.assert_allclose(grads[k], t.grad.numpy(), rtol=10 * tol, atol=tol,
+                                       err_msg=f"clipped grad {k} at step {step}")
+        lr = schedule(step)
+        ours.step(params, grads, lr=lr)
+        for group in theirs.param_groups:
+            group["lr"] = lr
+        theirs.step()
+    for k, t in tparams.items():
+        np.testing.assert_allclose(params[k], t.detach().numpy(), rtol=0, atol=tol,
+                                   err_msg=f"param {k} after 20 steps")
+        state = theirs.state[t]
+        np.testing.assert_allclose(ours.m[k], state["exp_avg"].numpy(), rtol=0, atol=tol,
+                                   err_msg=f"m[{k}]")
+        np.testing.assert_allclose(ours.v[k], state["exp_avg_sq"].numpy(), rtol=0, atol=tol,
+                                   err_msg=f"v[{k}]")
+
+
+# --------------------------------------------------------------------------------------------
+# Optimiser state
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_state_dict_round_trip_through_npz_resumes_identically(kernel):
+    rng = np.random.default_rng(9)
+    params0 = make_params(rng, np.float32)
+    grad_seq = [make_grads(rng, params0) for _ in range(20)]
+
+    straight = {k: p.copy() for k, p in params0.items()}
+    opt = AdamW(lr=0.01, kernel=kernel)
+    for grads in grad_seq:
+        opt.step(straight, grads)
+
+    resumed = {k: p.copy() for k, p in params0.items()}
+    first = AdamW(lr=0.01, kernel=kernel)
+    for grads in grad_seq[:10]:
+        first.step(resumed, grads)
+    state = first.state_dict()
+    flat = {k: v for k, v in state.items() if k not in ("m", "v")}
+    flat |= {f"m/{k}": a for k, a in state["m"].items()}
+    flat |= {f"v/{k}": a for k, a in state["v"].items()}
+    buf = io.BytesIO()
+    np.savez(buf, **flat)
+    buf.seek(0)
+    with np.load(buf) as z:
+        loaded = {k: z[k] for k in z.files}
+    state2 = {k: loaded[k] for k in ("t", "lr", "beta1", "beta2", "eps", "weight_decay")}
+    state2["m"] = {k[2:]: a for k, a in loaded.items() if k.startswith("m/")}
+    state2["v"] = {k[2:]: a for k, a in loaded.items() if k.startswith("v/")}
+    second = AdamW(lr=123.0, kernel=kernel)  # hyperparameters come from the state
+    second.load_state_dict(state2)
+    assert second.t == 10 and second.lr == 0.01
+    for grads in grad_seq[10:]:
+        second.step(resumed, grads)
+    for k in params0:
+        np.testing.assert_array_equal(resumed[k], straight[k], err_msg=k)
+
+
+def test_state_dict_is_a_copy():
+    rng = np.random.default_rng(10)
+    params = make_params(rng)
+    opt = Adam()
+    opt.step(params, make_grads(rng, params))
+    state = opt.state_dict()
+    m_saved = state["m"]["w"].copy()
+    opt.step(params, make_grads(rng, params))
+    np.testing.assert_array_equal(state["m"]["w"], m_saved)
+    assert state["t"] == 1 and isinstance(state["t"], int)
+
+
+def test_load_state_dict_rejects_bad_state():
+    good = Adam().state_dict()
+    with pytest.raises(ValueError, match="keys"):
+        Adam().load_state_dict({k: v for k, v in good.items() if k != "t"})
+    with pytest.raises(ValueError, match="t"):
+        Adam().load_state_dict(good | {"t": -1})
+    with pytest.raises(ValueError, match="different keys"):
+        Adam().load_state_dict(good | {"t": 1, "m": {"w": np.zeros(2)}, "v": {}})
+    with pytest.raises(ValueError, match="fresh state"):
+        Adam().load_state_dict(good | {"t": 3})
+
+
+# --------------------------------------------------------------------------------------------
+# Validation: a bad call raises and changes nothing
+# --------------------------------------------------------------------------------------------
+
+def test_bad_step_calls_raise_and_change_nothing():
+    rng = np.random.default_rng(11)
+    params = make_params(rng)
+    grads = make_grads(rng, params)
+    opt = Adam()
+    opt.step(params, grads)
+    snapshot = ({k: p.copy() for k, p in params.items()}, opt.t)
+
+    bad_calls = [
+        ({**params}, {k: g for k, g in grads.items() if k != "b"}, "no gradient for \\['b'\\]"),
+        (params, {**grads, "b": np.zeros(7)}, "grads\\['b'\\]"),
+        (params, {**grads, "b": grads["b"].astype(np.float32)}, "float32"),
+        ({**params, "extra": np.zeros(3)}, {**grads, "extra": np.zeros(3)}, "new \\['extra'\\]"),
+        (params, {**grads, "w": grads["w"].astype(int)}, "float array"),
+    ]
+    for p, g, msg in bad_calls:
+        with pytest.raises(ValueError, match=msg):
+            opt.step(p, g)
+    with pytest.raises(ValueError, match="lr"):
+        opt.step(params, grads, lr=-1.0)
+    ro = {k: p.copy() for k, p in params.items()}
+    ro["w"].flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        opt.step(ro, grads)
+    for k in params:
+        np.testing.assert_array_equal(params[k], snapshot[0][k])
+    assert opt.t == snapshot[1]
+    with pytest.raises(ValueError, match="not parameters"):
+        AdamW(decay={"nope"}).step(params, grads)
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    ({"lr": -1e-3}, "lr"), ({"lr": float("nan")}, "lr"), ({"betas": (1.0, 0.9)}, "beta1"),
+    ({"betas": (0.9, -0.1)}, "beta2"), ({"betas": 0.9}, "betas"), ({"eps": -1.0}, "eps"),
+    ({"weight_decay": -0.1}, "weight_decay"), ({"kernel": "cuda"}, "kernel"),
+    ({"decay": "w"}, "decay"),
+])
+def test_bad_constructor_arguments(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        AdamW(**kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# Gradient clipping
+# --------------------------------------------------------------------------------------------
+
+def test_clip_uses_one_global_norm_and_returns_it_before_clipping():
+    rng = np.random.default_rng(12)
+    grads = {"big": 10 * rng.standard_normal((4, 5)), "small": 0.1 * rng.standard_normal(3)}
+    before = {k: g.copy() for k, g in grads.items()}
+    expected = np.sqrt(sum((g ** 2).sum() for g in before.values()))
+    norm = clip_grad_norm(grads, max_norm=2.0)
+    assert math.isclose(norm, expected, rel_tol=1e-12)
+    coef = 2.0 / (expected + 1e-6)
+    for k in grads:  # every tensor by the SAME factor: the direction is kept
+        np.testing.assert_allclose(grads[k], before[k] * coef, rtol=1e-12, err_msg=k)
+    after = np.sqrt(sum((g ** 2).sum() for g in grads.values()))
+    assert after < 2.0 and math.isclose(after, 2.0, rel_tol=1e-6)
+
+
+def test_clip_leaves_small_gradients_alone():
+    grads = {"a": np.array([0.3, 0.4], dtype=np.float32)}
+    assert math.isclose(clip_grad_norm(grads, 1.0), 0.5, rel_tol=1e-7)
+    np.testing.assert_array_equal(grads["a"], np.array([0.3, 0.4], dtype=np.float32))
+    assert grads["a"].dtype == np.float32
+    assert clip_grad_norm({}, 1.0) == 0.0
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_clip_non_finite_norm_returns_it_and_changes_nothing(bad):
+    grads = {"a": np.array([1.0, bad]), "b": np.array([5.0, 6.0])}
+    norm = clip_grad_norm(grads, 1.0)
+    assert not math.isfinite(norm)
+    assert math.isnan(norm) == math.isnan(bad)
+    np.testing.assert_array_equal(grads["b"], [5.0, 6.0])
+
+
+@pytest.mark.parametrize("max_norm", [0.0, -1.0, float("inf"), float("nan"), "1", True])
+def test_clip_rejects_bad_max_norm(max_norm):
+    with pytest.raises(ValueError, match="max_norm"):
+        clip_grad_norm({"a": np.ones(2)}, max_norm)
+
+
+# --------------------------------------------------------------------------------------------
+# Schedules
+# --------------------------------------------------------------------------------------------
+
+def test_constant_lr():
+    schedule = constant_lr(3e-4)
+    assert [schedule(s) for s in (0, 1, 10 ** 6)] == [3e-4] * 3
+    with pytest.raises(ValueError, match="lr"):
+        constant_lr(0.0)
+
+
+def test_warmup_cosine_key_steps():
+    lr, floor = 1e-3, 1e-4
+    s = warmup_cosine(lr, warmup_steps=10, total_steps=110, floor=floor)
+    assert s(0) == 0.0
+    assert math.isclose(s(1), lr / 10)
+    assert math.isclose(s(5), lr / 2)
+    assert math.isclose(s(10), lr)  # peak at the end of warmup
+    assert math.isclose(s(60), (lr + floor) / 2)  # cosine half way: cos(pi/2) = 0
+    assert math.isclose(s(35), floor + (lr - floor) * (1 + math.cos(math.pi / 4)) / 2)
+    assert math.isclose(s(110), floor) and s(10 ** 6) == s(110)
+    values = [s(k) for k in range(0, 120)]
+    assert np.all(np.diff(values[:11]) > 0)  # rising warmup
+    assert np.all(np.diff(values[10:]) <= 0)  # falling afterwards
+    no_warmup = warmup_cosine(lr, warmup_steps=0, total_steps=4)
+    assert no_warmup(0) == lr and math.isclose(no_warmup(2), lr / 2) and no_warmup(4) == 0.0
+
+
+@pytest.mark.parametrize("args, word", [
+    ((0.0, 1, 10), "lr"), ((1e-3, -1, 10), "warmup_steps"), ((1e-3, 1.5, 10), "warmup_steps"),
+    ((1e-3, 10, 10), "total_steps"), ((1e-3, 1, 10, 2e-3), "floor"),
+    ((1e-3, 1, 10, -1e-5), "floor"),
+])
+def test_warmup_cosine_rejects_bad_arguments(args, word):
+    with pytest.raises(ValueError, match=word):
+        warmup_cosine(*args)
+    with pytest.raises(ValueError, match="step"):
+        warmup_cosine(1e-3, 1, 10)(-1)
