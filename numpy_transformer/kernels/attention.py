@@ -87,104 +87,115 @@ class SDPAKernelCache(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------------
-# Row helpers: tiny loops the compiler turns into SIMD code.
+# Row helpers: short loops over one row of scores that the compiler turns into SIMD code.
+# Reductions (max, sum) keep 8 independent partial results in ``acc`` (shape (8,)): with
+# fastmath off the compiler may not reorder a single running sum, but 8 separate ones fill an
+# 8-lane SIMD register. (NumPy references: ``x[:n].max()`` and ``x[:n].sum()``.)
 # ---------------------------------------------------------------------------------------------
 
-def exp_nonpositive(x, tmp):
-    """In place ``x[:] = np.exp(x)`` for ``x <= 0`` (``-inf`` -> exactly 0). ``tmp`` is scratch.
-
-    NumPy reference: ``np.exp(x, out=x)``. In compiled code this name resolves to a vectorised
-    version for x's dtype (see ``_exp_nonpositive_numba``).
-    """
-    np.exp(x, out=x)
-
-
-# The vectorised exp: write x = n ln2 + r with integer n and |r| <= ln2 / 2, so that
-# exp(x) = 2^n exp(r); exp(r) is a Taylor polynomial (error below half an ulp on that interval)
-# and 2^n is built directly from its bit pattern, (n + exponent bias) << mantissa bits.
-# ln2 is split into a short high part (n * LN2_HI is exact) and the rest (Cody & Waite).
-# Inputs below the smallest normal exponent give 0, as do masked scores (-inf).
-
 @njit(**_JIT)
-def _exp_nonpositive_f64(x, tmp):
-    # x, tmp: (n,) float64
-    bits = tmp.view(np.int64)
-    for j in range(x.shape[0]):
-        xj = max(x[j], -708.0)
-        t = np.floor(xj * 1.4426950408889634 + 0.5)  # n = round(x / ln2)
-        r = (xj - t * 6.93147180369123816490e-01) - t * 1.90821492927058770002e-10
-        p = 1.0 + r * (1.0 + r * (1 / 2 + r * (1 / 6 + r * (1 / 24 + r * (1 / 120 + r * (
-            1 / 720 + r * (1 / 5040 + r * (1 / 40320 + r * (1 / 362880 + r * (
-                1 / 3628800 + r * (1 / 39916800 + r * (1 / 479001600 + r * (
-                    1 / 6227020800)))))))))))))
-        bits[j] = (np.int64(t) + 1023) << 52  # 2^n
-        x[j] = p if x[j] > -708.0 else 0.0
-    twos = tmp.view(np.float64)
-    for j in range(x.shape[0]):
-        x[j] *= twos[j]
-
-
-@njit(**_JIT)
-def _exp_nonpositive_f32(x, tmp):
-    # x, tmp: (n,) float32; all arithmetic in float32 so that 8 lanes fit one AVX register
-    bits = tmp.view(np.int32)
-    lo = np.float32(-87.0)
-    for j in range(x.shape[0]):
-        xj = max(x[j], lo)
-        t = np.floor(xj * np.float32(1.4426950408889634) + np.float32(0.5))
-        r = (xj - t * np.float32(0.693359375)) - t * np.float32(-2.12194440e-4)
-        p = np.float32(1.0) + r * (np.float32(1.0) + r * (np.float32(1 / 2) + r * (
-            np.float32(1 / 6) + r * (np.float32(1 / 24) + r * (np.float32(1 / 120) + r * (
-                np.float32(1 / 720) + r * np.float32(1 / 5040)))))))
-        bits[j] = (np.int32(t) + np.int32(127)) << np.int32(23)  # 2^n
-        x[j] = p if x[j] > lo else np.float32(0.0)
-    twos = tmp.view(np.float32)
-    for j in range(x.shape[0]):
-        x[j] *= twos[j]
-
-
-@overload(exp_nonpositive, jit_options=_JIT)
-def _exp_nonpositive_numba(x, tmp):
-    if x.dtype == types.float32:
-        return lambda x, tmp: _exp_nonpositive_f32(x, tmp)
-    return lambda x, tmp: _exp_nonpositive_f64(x, tmp)
-
-
-@njit(**_JIT)
-def _row_max(x, n):
-    # max(x[:n]) with 8 independent running maxima (SIMD without reordering rules); -inf if n == 0
-    m = np.full(8, -np.inf)
+def _row_max(x, n, acc):
+    # max(x[:n]); -inf if n == 0.  x: (>= n,), acc: (8,) float64 scratch
+    acc[:] = -np.inf
     n8 = n - n % 8
     for j in range(0, n8, 8):
         for u in range(8):
-            m[u] = max(m[u], x[j + u])
+            acc[u] = max(acc[u], x[j + u])
     best = -np.inf
     for u in range(8):
-        best = max(best, m[u])
+        best = max(best, acc[u])
     for j in range(n8, n):
         best = max(best, x[j])
     return best
 
 
+def exp_shifted(x, n, shift, tmp, acc):
+    """``x[:n] = exp(x[:n] - shift)`` in place for ``x <= shift``; returns the float64 sum.
+
+    ``-inf`` entries (masked scores) become exactly 0. ``tmp`` is scratch like ``x`` and
+    ``acc`` is (8,) float64 scratch. NumPy reference, used when this runs uncompiled::
+
+        x[:n] = np.exp(x[:n] - shift); return x[:n].sum(dtype=np.float64)
+
+    In compiled code the name resolves to ``_exp_shifted_f32`` or ``_exp_shifted_f64``.
+    """
+    x[:n] = np.exp(x[:n] - shift)
+    return x[:n].sum(dtype=np.float64)
+
+
+# Why exp is written out: without Intel's SVML library Numba calls libm's scalar exp once per
+# element, several times slower than the rest of a row's work put together. The method: write
+# y = x - shift = t ln2 + r with integer t and |r| <= ln2 / 2, so exp(y) = 2^t exp(r); exp(r)
+# is a Taylor polynomial (error below one unit in the last place on that interval) and 2^t is
+# assembled from its bit pattern, (t + exponent bias) << mantissa bits. ln2 is split in a
+# short high part, so that t * LN2_HI is exact, and the rest (Cody & Waite). Arguments below
+# the smallest normal number's exponent give 0, so do masked scores (-inf).
+
 @njit(**_JIT)
-def _row_sum(x, n):
-    # sum(x[:n]) in float64 with 8 independent partial sums (SIMD without reordering rules)
-    acc = np.zeros(8)
+def _exp_shifted_f64(x, n, shift, tmp, acc):
+    # x, tmp: (>= n,) float64; returns sum_j exp(x_j - shift)
+    bits = tmp.view(np.int64)
+    for j in range(n):
+        y = max(x[j] - shift, -708.0)
+        t = np.floor(y * 1.4426950408889634 + 0.5)  # t = round(y / ln2)
+        r = (y - t * 6.93147180369123816490e-01) - t * 1.90821492927058770002e-10
+        x[j] = 1.0 + r * (1.0 + r * (1 / 2 + r * (1 / 6 + r * (1 / 24 + r * (1 / 120 + r * (
+            1 / 720 + r * (1 / 5040 + r * (1 / 40320 + r * (1 / 362880 + r * (
+                1 / 3628800 + r * (1 / 39916800 + r * (1 / 479001600 + r * (
+                    1 / 6227020800)))))))))))))  # exp(r)
+        bits[j] = (np.int64(t) + 1023) << 52 if y > -708.0 else 0  # 2^t, or 0 -> exp = 0
+    two_t = tmp.view(np.float64)
+    acc[:] = 0.0
     n8 = n - n % 8
     for j in range(0, n8, 8):
         for u in range(8):
-            acc[u] += x[j + u]
-    total = 0.0
-    for u in range(8):
-        total += acc[u]
+            e = x[j + u] * two_t[j + u]
+            x[j + u] = e
+            acc[u] += e
     for j in range(n8, n):
-        total += x[j]
-    return total
+        x[j] *= two_t[j]
+        acc[0] += x[j]
+    return acc.sum()
+
+
+@njit(**_JIT)
+def _exp_shifted_f32(x, n, shift, tmp, acc):
+    # x, tmp: (>= n,) float32; float32 arithmetic so that 8 lanes fit one AVX register,
+    # and a polynomial of degree 7, enough for float32's 24-bit mantissa
+    bits = tmp.view(np.int32)
+    lo = np.float32(-87.0)
+    for j in range(n):
+        y = max(np.float32(x[j] - shift), lo)
+        t = np.floor(y * np.float32(1.4426950408889634) + np.float32(0.5))
+        r = (y - t * np.float32(0.693359375)) - t * np.float32(-2.12194440e-4)
+        x[j] = np.float32(1.0) + r * (np.float32(1.0) + r * (np.float32(1 / 2) + r * (
+            np.float32(1 / 6) + r * (np.float32(1 / 24) + r * (np.float32(1 / 120) + r * (
+                np.float32(1 / 720) + r * np.float32(1 / 5040)))))))
+        bits[j] = (np.int32(t) + np.int32(127)) << np.int32(23) if y > lo else np.int32(0)
+    two_t = tmp.view(np.float32)
+    acc[:] = 0.0
+    n8 = n - n % 8
+    for j in range(0, n8, 8):
+        for u in range(8):
+            e = x[j + u] * two_t[j + u]
+            x[j + u] = e
+            acc[u] += e
+    for j in range(n8, n):
+        x[j] *= two_t[j]
+        acc[0] += x[j]
+    return acc.sum()
+
+
+@overload(exp_shifted, jit_options=_JIT)
+def _exp_shifted_numba(x, n, shift, tmp, acc):
+    if x.dtype == types.float32:
+        return lambda x, n, shift, tmp, acc: _exp_shifted_f32(x, n, shift, tmp, acc)
+    return lambda x, n, shift, tmp, acc: _exp_shifted_f64(x, n, shift, tmp, acc)
 
 
 @njit(**_JIT)
 def _key_end(i, b, t_q, t_k, causal, kv_len):
-    # query i of batch entry b sees keys j < key_end (the causal triangle and the padding)
+    # query i of batch entry b sees keys j < _key_end: the causal triangle and the padding
     end = kv_len[b]
     if causal:
         end = min(end, i + 1 + t_k - t_q)
@@ -192,10 +203,9 @@ def _key_end(i, b, t_q, t_k, causal, kv_len):
 
 
 @njit(**_JIT)
-def _scores_row(row, i, bh, heads, kend, scale, mask, mstr, has_mask, bias, bstr, has_bias):
-    # (1)-(3) in place on one row of q k^T: s = s * scale + bias, s[~mask] = -inf
-    # row: (n_k,) raw scores; entries from kend on are hidden (causal or padding) -> -inf
-    b, h = bh // heads, bh % heads
+def _scores_row(row, kend, b, h, i, scale, mask, mstr, has_mask, bias, bstr, has_bias):
+    # (1)-(3) in place on one row of q k^T: s = s * scale + bias; s = -inf where masked.
+    # row: (k_hi,) raw scores of query i; keys from kend on are hidden (causal, padding)
     for j in range(kend):
         row[j] *= scale
     if has_bias:
@@ -207,8 +217,7 @@ def _scores_row(row, i, bh, heads, kend, scale, mask, mstr, has_mask, bias, bstr
         for j in range(kend):
             if not mask[base + j * mstr[3]]:
                 row[j] = -np.inf
-    for j in range(kend, row.shape[0]):
-        row[j] = -np.inf
+    row[kend:] = -np.inf
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,39 +232,37 @@ def _sdpa_forward_kernel(q, k, v, scale, heads, causal, kv_len,
     n_bh, t_q, d = q.shape
     t_k = k.shape[1]
     n_blk = (t_q + _BLOCK_Q - 1) // _BLOCK_Q
-    sc = q.dtype.type(scale)
     for item in prange(n_bh * n_blk):
         bh, blk = item // n_blk, item % n_blk
-        b = bh // heads
+        b, h = bh // heads, bh % heads
         i0 = blk * _BLOCK_Q
         i1 = min(i0 + _BLOCK_Q, t_q)
-        # rows' visible key ranges only grow with i, so the last row's is the block's
+        # rows' visible key ranges only grow with i, so the last row's bounds the block's
         k_hi = _key_end(i1 - 1, b, t_q, t_k, causal, kv_len)
         if k_hi == 0:
             out[bh, i0:i1] = 0.0
             lse[bh, i0:i1] = -np.inf
             continue
-        s = np.dot(q[bh, i0:i1], k[bh, :k_hi].T)  # (1) (n, k_hi)
+        e = np.dot(q[bh, i0:i1], k[bh, :k_hi].T)  # (1) s = q k^T  (n, k_hi)
         tmp = np.empty(k_hi, q.dtype)
+        acc = np.empty(8)
+        inv_z = np.zeros(i1 - i0)  # (n,) 1 / sum_j e_ij, 0 for a fully masked row
         for r in range(i1 - i0):
             i = i0 + r
-            row = s[r]
+            row = e[r]
             kend = min(_key_end(i, b, t_q, t_k, causal, kv_len), k_hi)
-            _scores_row(row, i, bh, heads, kend, sc, mask, mstr, has_mask, bias, bstr, has_bias)
-            m = _row_max(row, kend)  # (4) softmax, stabilised by the row max
-            if m == -np.inf:  # every key masked: p = 0, out = 0
+            _scores_row(row, kend, b, h, i, scale, mask, mstr, has_mask, bias, bstr, has_bias)
+            m = _row_max(row, kend, acc)  # (4) softmax, stabilised by the row max
+            if m == -np.inf:  # every key masked: p = 0 and out = 0
                 row[:] = 0.0
                 lse[bh, i] = -np.inf
                 continue
-            for j in range(kend):
-                row[j] -= m
-            exp_nonpositive(row, tmp)  # e = exp(s - m); 0 where masked (s = -inf)
-            z = _row_sum(row, kend)
+            z = exp_shifted(row, k_hi, m, tmp, acc)  # e = exp(s - m), 0 where masked
             lse[bh, i] = m + math.log(z)
-            inv_z = q.dtype.type(1.0 / z)
-            for j in range(kend):
-                row[j] *= inv_z  # p = e / z
-        out[bh, i0:i1] = np.dot(s, v[bh, :k_hi])  # (5) out = p v
+            inv_z[r] = 1.0 / z
+        o = np.dot(e, v[bh, :k_hi])  # (5) out = p v = (e v) / z  (n, D)
+        for r in range(i1 - i0):
+            out[bh, i0 + r] = o[r] * inv_z[r]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,22 +272,22 @@ def _sdpa_forward_kernel(q, k, v, scale, heads, causal, kv_len,
 @njit(parallel=True, **_JIT)
 def _sdpa_backward_kernel(dout, q, k, v, delta, lse, scale, heads, causal, kv_len,
                           mask, mstr, has_mask, bias, bstr, has_bias, dq, dk_part, dv_part):
-    # Backward of (5)-(1), probabilities rebuilt from lse; mirrors functional sdpa_backward.
+    # Backward of (5)-(1) with p rebuilt from lse; mirrors functional/attention.sdpa_backward.
     # dout, q: (BH, T_q, D); k, v: (BH, T_k, D); delta, lse: (BH, T_q) float64
     # -> dq: (BH, T_q, D); dk_part, dv_part: (BH, n_chunks, T_k, D) partial sums per chunk
     n_bh, t_q, d = q.shape
     t_k = k.shape[1]
     n_chunks = dk_part.shape[1]
     n_blk = (t_q + _BLOCK_Q - 1) // _BLOCK_Q
-    sc = q.dtype.type(scale)
     for item in prange(n_bh * n_chunks):
         bh, c = item // n_chunks, item % n_chunks
-        b = bh // heads
-        dk_acc = dk_part[bh, c]  # (T_k, D) owned by this work item only
+        b, h = bh // heads, bh % heads
+        dk_acc = dk_part[bh, c]  # (T_k, D), written by this work item only
         dv_acc = dv_part[bh, c]
         dk_acc[:] = 0.0
         dv_acc[:] = 0.0
-        # chunk c takes blocks c, c + n_chunks, ...: under a causal mask every chunk then gets
+        acc = np.empty(8)
+        # chunk c takes blocks c, c + n_chunks, ...: under a causal mask each chunk then gets
         # a similar share of short (early) and long (late) rows
         for blk in range(c, n_blk, n_chunks):
             i0 = blk * _BLOCK_Q
@@ -291,36 +298,31 @@ def _sdpa_backward_kernel(dout, q, k, v, delta, lse, scale, heads, causal, kv_le
                 continue
             q_blk = q[bh, i0:i1]  # (n, D)
             do_blk = dout[bh, i0:i1]  # (n, D)
-            p = np.dot(q_blk, k[bh, :k_hi].T)  # (1) recomputed scores (n, k_hi)
+            p = np.dot(q_blk, k[bh, :k_hi].T)  # (1) s = q k^T, recomputed  (n, k_hi)
             ds = np.dot(do_blk, v[bh, :k_hi].T)  # (5) out = p v  =>  dp = dout v^T
             tmp = np.empty(k_hi, q.dtype)
             for r in range(i1 - i0):
                 i = i0 + r
                 prow, dsrow = p[r], ds[r]
-                kend = min(_key_end(i, b, t_q, t_k, causal, kv_len), k_hi)
-                if lse[bh, i] == -np.inf:  # fully masked row: p = 0, so every gradient is 0
+                if lse[bh, i] == -np.inf:  # fully masked row: p = 0, every gradient is 0
                     prow[:] = 0.0
                     dsrow[:] = 0.0
                     continue
-                _scores_row(prow, i, bh, heads, kend, sc, mask, mstr, has_mask,
+                kend = min(_key_end(i, b, t_q, t_k, causal, kv_len), k_hi)
+                _scores_row(prow, kend, b, h, i, scale, mask, mstr, has_mask,
                             bias, bstr, has_bias)
-                # (4) p = exp(s - lse), the forward's softmax without a second normalisation
-                lse_i = lse[bh, i]
-                for j in range(kend):
-                    prow[j] = prow[j] - lse_i
-                exp_nonpositive(prow, tmp)
-                # (4) p = softmax(s)  =>  ds = p * (dp - delta),  delta = sum_j dp_j p_j
-                #                                                     = sum_d dout_d out_d
+                exp_shifted(prow, k_hi, lse[bh, i], tmp, acc)  # (4) p = exp(s - lse)
+                # (4) p = softmax(s)  =>  ds = p * (dp - delta),
+                #     delta = sum_j dp_j p_j = sum_d dout_d out_d   (p = 0 masked: ds = 0)
                 delta_i = delta[bh, i]
-                for j in range(kend):
+                for j in range(k_hi):
                     dsrow[j] = prow[j] * (dsrow[j] - delta_i)
-                for j in range(kend, k_hi):
-                    dsrow[j] = 0.0
             # (5) out = p v  =>  dv = p^T dout
             dv_acc[:k_hi] += np.dot(p.T, do_blk)
+            # (3), (2) masking and the constant bias pass ds through unchanged
             # (1) s = q k^T * scale  =>  dq = ds k * scale,  dk = ds^T q * scale
-            dq[bh, i0:i1] = np.dot(ds, k[bh, :k_hi]) * sc
-            dk_acc[:k_hi] += np.dot(ds.T, q_blk) * sc
+            dq[bh, i0:i1] = np.dot(ds, k[bh, :k_hi]) * scale
+            dk_acc[:k_hi] += np.dot(ds.T, q_blk) * scale
 
 
 # ---------------------------------------------------------------------------------------------

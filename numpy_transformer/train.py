@@ -1,0 +1,192 @@
+"""The training loop: one step is forward, cross-entropy, backward, global-norm clip, update.
+
+A :class:`Trainer` is deliberately small. It does not draw data: it is handed batches, so the
+caller decides the schedule (for the paired protocol two trainers are handed the identical,
+precomputed window schedule). Each step it records the loss, the learning rate, the gradient
+norm before clipping and the throughput; every ``stats_every`` steps it also records, per
+parameter tensor, the gradient norm and the update-to-weight ratio ``||dW|| / ||W||``, the
+numbers a reader studying the optimisation wants to plot.
+
+A non-finite loss or gradient stops training with :class:`NonFiniteError`, which names the
+step and the first tensor that went non-finite; the parameters are left as they were before
+that step.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from .data import get_batch
+from .functional.softmax import cross_entropy_backward, cross_entropy_forward
+from .optim import clip_grad_norm
+
+
+class Batch(NamedTuple):
+    """What one step consumes: the model's inputs, the targets and an optional loss mask."""
+
+    inputs: tuple  # positional arguments of model.forward, e.g. (x,) or (src, tgt_in)
+    targets: np.ndarray  # (B, T) int, ignore_index -100 where not counted
+    mask: np.ndarray | None = None  # (B, T) bool, True = counted
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced a NaN or an infinity; the message names the step and the tensor."""
+
+
+@dataclass
+class StepRecord:
+    """One line of the loss log."""
+
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float
+    tokens_per_s: float
+
+
+@dataclass
+class Trainer:
+    """Runs optimisation steps of ``model`` with ``optimizer``.
+
+    Parameters
+    ----------
+    model : Module
+        Any model with ``forward(*inputs) -> logits``, ``backward(dlogits)``, ``zero_grad``
+        and ``named_parameters``.
+    optimizer : Adam or AdamW
+    lr_schedule : callable
+        Maps the number of the update about to be made (1, 2, ...) to a learning rate.
+    clip : float or None
+        Global-norm clipping threshold; ``None`` = no clipping (the norm is still recorded).
+    stats_every : int
+        Record per-tensor gradient norms and update-to-weight ratios every this many steps
+        (0 = never).
+    """
+
+    model: object
+    optimizer: object
+    lr_schedule: Callable[[int], float]
+    clip: float | None = 1.0
+    stats_every: int = 0
+    step_count: int = 0
+    log: list[StepRecord] = field(default_factory=list)
+    tensor_stats: list[dict] = field(default_factory=list)
+
+    def named_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The model's parameters and gradients as two dicts with the same keys."""
+        named = list(self.model.named_parameters())
+        return {n: p for n, p, _ in named}, {n: g for n, _, g in named}
+
+    def loss_and_grads(self, batch: Batch) -> float:
+        """Forward, mean cross-entropy over the counted targets, and backward into the grads."""
+        logits = self.model.forward(*batch.inputs)  # (B, T, V)
+        loss, cache = cross_entropy_forward(logits, batch.targets, mask=batch.mask)
+        self.model.zero_grad()
+        self.model.backward(cross_entropy_backward(1.0, cache))
+        return loss
+
+    def step(self, batch: Batch) -> StepRecord:
+        """One full optimisation step; returns its log record.
+
+        Raises
+        ------
+        NonFiniteError
+            If the loss or a gradient is not finite (nothing is updated then).
+        """
+        start = time.perf_counter()
+        step = self.step_count + 1
+        loss = self.loss_and_grads(batch)
+        params, grads = self.named_arrays()
+        if not math.isfinite(loss):
+            raise NonFiniteError(f"step {step}: the loss is {loss}")
+        norm = clip_grad_norm(grads, self.clip) if self.clip else _global_norm(grads)
+        if not math.isfinite(norm):
+            first = next(n for n, g in grads.items() if not np.isfinite(g).all())
+            raise NonFiniteError(f"step {step}: gradient of {first} is not finite")
+        lr = self.lr_schedule(step)
+        keep_stats = self.stats_every and step % self.stats_every == 0
+        before = {n: p.copy() for n, p in params.items()} if keep_stats else None
+        self.optimizer.step(params, grads, lr=lr)
+        if keep_stats:
+            self.tensor_stats.append(_tensor_stats(step, params, grads, before))
+        self.step_count = step
+        tokens = batch.targets.size
+        record = StepRecord(step, loss, lr, norm, tokens / (time.perf_counter() - start))
+        self.log.append(record)
+        return record
+
+    def fit(self, batches: Iterable[Batch], total: int, *, progress: bool = True,
+            on_step: Callable[[StepRecord], None] | None = None) -> list[StepRecord]:
+        """Run one step per batch (``total`` of them, for the progress line); call ``on_step``
+        after each step. Returns the loss log."""
+        bar = ProgressBar(total) if progress else None
+        for batch in batches:
+            record = self.step(batch)
+            if bar:
+                bar.update(record)
+            if on_step:
+                on_step(record)
+        if bar:
+            bar.close()
+        return self.log
+
+
+def _global_norm(grads: dict[str, np.ndarray]) -> float:
+    return math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+
+
+def _tensor_stats(step: int, params: dict, grads: dict, before: dict) -> dict:
+    """Per tensor: gradient norm (after clipping) and update-to-weight ratio ||dW|| / ||W||."""
+    stats = {"step": step}
+    for n, p in params.items():
+        w_norm = float(np.linalg.norm(before[n]))
+        stats[n] = {"grad_norm": float(np.linalg.norm(grads[n])),
+                    "update_ratio": float(np.linalg.norm(p - before[n])) / max(w_norm, 1e-12)}
+    return stats
+
+
+class ProgressBar:
+    """A one-line progress display: step, loss, learning rate, gradient norm, tokens/s.
+
+    On a terminal it redraws in place; elsewhere (logs, CI) it prints a line every ~10%.
+    """
+
+    def __init__(self, total: int, stream=sys.stderr, width: int = 24) -> None:
+        self.total, self.stream, self.width = total, stream, width
+        self.tty = stream.isatty()
+        self.start = time.perf_counter()
+        self.last_line = -1
+
+    def update(self, r: StepRecord) -> None:
+        done = r.step if self.total == 0 else min(r.step, self.total)
+        frac = done / max(self.total, 1)
+        filled = int(frac * self.width)
+        elapsed = time.perf_counter() - self.start
+        text = (f"[{'#' * filled}{'.' * (self.width - filled)}] step {r.step}/{self.total} "
+                f"loss {r.loss:.4f} lr {r.lr:.2e} |g| {r.grad_norm:.3f} "
+                f"{r.tokens_per_s:,.0f} tok/s {elapsed:.0f}s")
+        if self.tty:
+            self.stream.write("\r" + text)
+            self.stream.flush()
+        elif int(frac * 10) > self.last_line or r.step == self.total:
+            self.last_line = int(frac * 10)
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def lm_batches(ids: np.ndarray, schedule: np.ndarray, context: int) -> Iterator[Batch]:
+    """Next-token batches from a precomputed (steps, B) window schedule over ``ids``."""
+    for starts in schedule:
+        x, y = get_batch(ids, starts, context)  # (B, T) inputs and their shifted targets
+        yield Batch((x,), y)
