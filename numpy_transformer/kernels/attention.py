@@ -47,6 +47,8 @@ Milakov & Gimelshein, "Online normalizer calculation for softmax", 2018 (the log
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import math
 from typing import NamedTuple
@@ -386,8 +388,49 @@ def _flat_with_strides(x: np.ndarray | None, dtype):
     return x.reshape(-1), strides, True
 
 
-def _n_threads() -> int:
-    return numba.get_num_threads()
+def _openblas_thread_functions():
+    """``(get, set)`` for the thread count of the BLAS behind Numba's ``np.dot``, or ``None``.
+
+    Numba's ``np.dot`` calls the BLAS of ``scipy.linalg.cython_blas``; SciPy's wheels ship an
+    OpenBLAS that runs each call on its own pool of threads. Called from both of our parallel
+    loop's threads at once, those calls queue for the one pool and the loop is no faster than
+    a single thread (and OpenBLAS prints "Detect OpenMP Loop" warnings). So during a kernel
+    call OpenBLAS is set to run each call on the calling thread. Symbols are looked up through
+    the extension module, whose dependencies include the BLAS library (``dlsym`` semantics).
+    Other BLAS builds: ``None``, and nothing is changed.
+    """
+    try:
+        import scipy.linalg.cython_blas as cython_blas
+
+        lib = ctypes.CDLL(cython_blas.__file__)
+    except (ImportError, OSError):
+        return None
+    for prefix in ("scipy_openblas", "openblas"):
+        get = getattr(lib, prefix + "_get_num_threads", None)
+        set_ = getattr(lib, prefix + "_set_num_threads", None)
+        if get is not None and set_ is not None:
+            get.restype, set_.argtypes = ctypes.c_int, [ctypes.c_int]
+            return get, set_
+    return None
+
+
+@contextlib.contextmanager
+def _blas_on_calling_thread():
+    """Run every BLAS call of the kernels on the thread that makes it (see above)."""
+    fns = _BLAS_THREADS()
+    if fns is None:
+        yield
+        return
+    get, set_ = fns
+    before = get()
+    set_(1)
+    try:
+        yield
+    finally:
+        set_(before)
+
+
+_BLAS_THREADS = functools.cache(_openblas_thread_functions)
 
 
 def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
@@ -437,8 +480,9 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     v3 = np.ascontiguousarray(v).reshape(b * h, t_k, d)
     out = np.empty_like(q3)  # (BH, T_q, D)
     lse = np.empty((b * h, t_q), dtype=np.float64)  # (BH, T_q)
-    _sdpa_forward_kernel(q3, k3, v3, scale, h, causal, kv_len,
-                         mask_flat, mstr, has_mask, bias_flat, bstr, has_bias, out, lse)
+    with _blas_on_calling_thread():
+        _sdpa_forward_kernel(q3, k3, v3, q.dtype.type(scale), h, causal, kv_len,
+                             mask_flat, mstr, has_mask, bias_flat, bstr, has_bias, out, lse)
     cache = SDPAKernelCache(q3, k3, v3, out, lse, scale, (b, h, t_q, t_k, d), causal, kv_len,
                             mask_flat, mstr, has_mask, bias_flat, bstr, has_bias)
     return out.reshape(b, h, t_q, d), cache
@@ -458,14 +502,16 @@ def sdpa_backward(dout, cache: SDPAKernelCache):
     do3 = np.ascontiguousarray(dout, dtype=q3.dtype).reshape(b * h, t_q, d)
     # (4) delta_i = sum_j dp_ij p_ij = sum_d dout_id out_id  (one number per row, float64)
     delta = np.einsum("ntd,ntd->nt", do3, cache.out, dtype=np.float64)
-    n_chunks = max(1, -(-_n_threads() // (b * h)))  # split rows only if heads < threads
+    n_chunks = max(1, -(-numba.get_num_threads() // (b * h)))  # split rows only if heads < threads
     dq = np.empty_like(q3)
     dk_part = np.empty((b * h, n_chunks, t_k, d), dtype=q3.dtype)
     dv_part = np.empty((b * h, n_chunks, t_k, d), dtype=q3.dtype)
-    _sdpa_backward_kernel(do3, q3, cache.k, cache.v, delta, cache.lse, cache.scale, h,
-                          cache.causal, cache.kv_len, cache.mask, cache.mask_strides,
-                          cache.has_mask, cache.bias, cache.bias_strides, cache.has_bias,
-                          dq, dk_part, dv_part)
+    with _blas_on_calling_thread():
+        _sdpa_backward_kernel(do3, q3, cache.k, cache.v, delta, cache.lse,
+                              q3.dtype.type(cache.scale), h, cache.causal, cache.kv_len,
+                              cache.mask, cache.mask_strides, cache.has_mask,
+                              cache.bias, cache.bias_strides, cache.has_bias,
+                              dq, dk_part, dv_part)
     dk = dk_part[:, 0] if n_chunks == 1 else dk_part.sum(axis=1)
     dv = dv_part[:, 0] if n_chunks == 1 else dv_part.sum(axis=1)
     return dq.reshape(b, h, t_q, d), dk.reshape(b, h, t_k, d), dv.reshape(b, h, t_k, d)
