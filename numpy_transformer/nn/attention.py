@@ -218,3 +218,19 @@ class MultiHeadAttention(Module):
         if c.cross:
             return dx, dsrc_k + dsrc_v
         return dx + dsrc_k + dsrc_v  # x fed q, k and v: its gradient is the sum of all three
+
+
+def zero_gradient_names(module, prefix: str = "") -> set[str]:
+    """Dotted names of parameters whose true gradient is exactly zero: key biases without RoPE.
+
+    The key bias ``bk`` adds ``q . bk`` to every score of a query row: the same number across
+    the row, which softmax ignores. Its gradient is therefore exactly zero, and a gradient
+    check must judge it by absolute error (both sides are rounding noise). With RoPE the bias
+    is rotated differently at each key position, and the gradient is real.
+    """
+    names = set()
+    if isinstance(module, MultiHeadAttention) and not module.rope:
+        names.add(prefix + "bk")
+    for name, child in module.children.items():
+        names |= zero_gradient_names(child, prefix + name + ".")
+    return names
