@@ -57,15 +57,95 @@ def op_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckReport
                            title="attention (causal + padding + alibi)")
 
 
-def print_report(checks: Iterator[Callable[[], GradcheckReport]], tol: float = 1e-6) -> bool:
-    """Run the checks, print each table with a verdict; returns True when all pass."""
-    all_ok = True
-    for check in checks:
-        report = check()
-        verdict = "ok" if report.ok(tol) else f"FAILED (tolerance {tol:g})"
-        print(f"{report}\n  -> {verdict}\n", flush=True)
-        all_ok &= report.ok(tol)
-    return all_ok
+def module_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckReport]]:
+    """Attention (self and cross), the two blocks in both placements."""
+    from .nn import DecoderBlock, EncoderBlock, MultiHeadAttention
+
+    x, memory = rng.normal(size=(2, 4, 8)), rng.normal(size=(2, 3, 8))
+    causal = F.causal_mask(4)
+    yield lambda: check_module(MultiHeadAttention(8, 2, rope=True, max_len=4, rng=rng),
+                               {"x": x.copy()}, mask=causal,
+                               title="multi-head self-attention (causal, RoPE)")
+    yield lambda: check_module(MultiHeadAttention(8, 2, rng=rng),
+                               {"x": x.copy(), "context": memory.copy()},
+                               mask=F.key_padding_mask(np.array([3, 2]), 3),
+                               title="multi-head cross-attention (key padding)")
+    for norm_first in (True, False):
+        place = "pre-LN" if norm_first else "post-LN"
+        yield lambda nf=norm_first, place=place: check_module(
+            EncoderBlock(8, 2, 16, norm_first=nf, activation="gelu", rng=rng), {"x": x.copy()},
+            title=f"encoder block ({place}, GELU, LayerNorm)")
+    yield lambda: check_module(
+        DecoderBlock(8, 2, 16, cross=True, activation="swiglu", norm="rmsnorm", rng=rng),
+        {"x": x.copy(), "memory": memory.copy()},
+        title="decoder block (pre-LN, cross-attention, SwiGLU, RMSNorm)")
 
 
-__all__ = ["op_checks", "print_report", "check_module", "check_direction"]
+def model_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckReport]]:
+    """The three model families, tiny, every parameter; and one random-direction check each."""
+    from .nn import DecoderLM, EncoderClassifier, EncoderDecoder, TransformerConfig
+
+    def config(**kw) -> TransformerConfig:
+        return TransformerConfig(**{**dict(vocab=7, width=8, heads=2, layers=2, ffn_width=16,
+                                           max_len=5, num_classes=4), **kw})
+
+    tokens, src = rng.integers(0, 7, size=(2, 5)), rng.integers(0, 7, size=(2, 4))
+    models = (
+        ("encoder-only classifier (learned positions, post-LN)",
+         EncoderClassifier(config(positions="learned", norm_first=False)), {"tokens": tokens}),
+        ("decoder-only LM (sinusoidal, tied embeddings)",
+         DecoderLM(config(tie_embeddings=True, embed_scale=True)), {"tokens": tokens}),
+        ("decoder-only LM (RoPE, SwiGLU, RMSNorm)",
+         DecoderLM(config(positions="rope", activation="swiglu", norm="rmsnorm")),
+         {"tokens": tokens}),
+        ("encoder-decoder (ALiBi, GELU-tanh)",
+         EncoderDecoder(config(positions="alibi", activation="gelu_tanh")),
+         {"src": src, "tgt": tokens}),
+    )
+    for title, model, inputs in models:
+        yield lambda m=model, i=inputs, t=title: check_module(m, i, title=t)
+        yield lambda m=model, i=inputs, t=title: check_direction(m, i, title=f"{t}: random direction")
+
+
+REPORT_NAMES = {"ops": op_checks, "modules": module_checks, "models": model_checks}
+
+
+def run_report(names: list[str] | None = None, tol: float = 1e-6, seed: int = 0) -> bool:
+    """Print the gradient-check tables of the named sections (default: all of them).
+
+    Parameters
+    ----------
+    names : list of str, optional
+        Sections from ``REPORT_NAMES``: ``"ops"``, ``"modules"``, ``"models"``.
+    tol : float
+        Largest relative error a tensor may have.
+    seed : int
+        Seed of the inputs, parameters and upstream gradients.
+
+    Returns
+    -------
+    bool
+        True when every check passed.
+
+    Raises
+    ------
+    ValueError
+        For an unknown section name.
+    """
+    names = list(REPORT_NAMES) if not names else names
+    unknown = [n for n in names if n not in REPORT_NAMES]
+    if unknown:
+        raise ValueError(f"unknown report section {unknown[0]!r}; choose from "
+                         f"{', '.join(REPORT_NAMES)}")
+    rng = np.random.default_rng(seed)
+    passed = failed = 0
+    for name in names:
+        print(f"=== {name} " + "=" * 60, flush=True)
+        for check in REPORT_NAMES[name](rng):
+            report = check()
+            verdict = "ok" if report.ok(tol) else f"FAILED (tolerance {tol:g})"
+            print(f"{report}\n  -> {verdict}\n", flush=True)
+            passed, failed = (passed + 1, failed) if report.ok(tol) else (passed, failed + 1)
+    print(f"{passed} checks passed, {failed} failed (float64 central differences, "
+          f"relative error <= {tol:g})")
+    return failed == 0

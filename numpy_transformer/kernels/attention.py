@@ -111,18 +111,30 @@ def _row_max(x, n, acc):
     return best
 
 
-def exp_shifted(x, n, shift, tmp, acc):
-    """``x[:n] = exp(x[:n] - shift)`` in place for ``x <= shift``; returns the float64 sum.
+@njit(**_JIT)
+def _row_sum(x, n, acc):
+    # sum(x[:n]) in float64.  x: (>= n,), acc: (8,) float64 scratch
+    acc[:] = 0.0
+    n8 = n - n % 8
+    for j in range(0, n8, 8):
+        for u in range(8):
+            acc[u] += x[j + u]
+    total = 0.0
+    for u in range(8):
+        total += acc[u]
+    for j in range(n8, n):
+        total += x[j]
+    return total
 
-    ``-inf`` entries (masked scores) become exactly 0. ``tmp`` is scratch like ``x`` and
-    ``acc`` is (8,) float64 scratch. NumPy reference, used when this runs uncompiled::
 
-        x[:n] = np.exp(x[:n] - shift); return x[:n].sum(dtype=np.float64)
+def exp_shifted(x, n, shift, tmp):
+    """``x[:n] = exp(x[:n] - shift)`` in place, for ``x <= shift``; ``tmp`` is scratch like x.
 
-    In compiled code the name resolves to ``_exp_shifted_f32`` or ``_exp_shifted_f64``.
+    ``-inf`` entries (masked scores) become exactly 0. NumPy reference, and what runs when
+    this is called from plain Python: ``x[:n] = np.exp(x[:n] - shift)``. In compiled code the
+    name resolves to ``_exp_shifted_f32`` or ``_exp_shifted_f64`` by x's dtype.
     """
     x[:n] = np.exp(x[:n] - shift)
-    return x[:n].sum(dtype=np.float64)
 
 
 # Why exp is written out: without Intel's SVML library Numba calls libm's scalar exp once per
@@ -134,8 +146,8 @@ def exp_shifted(x, n, shift, tmp, acc):
 # the smallest normal number's exponent give 0, so do masked scores (-inf).
 
 @njit(**_JIT)
-def _exp_shifted_f64(x, n, shift, tmp, acc):
-    # x, tmp: (>= n,) float64; returns sum_j exp(x_j - shift)
+def _exp_shifted_f64(x, n, shift, tmp):
+    # x, tmp: (>= n,) float64
     bits = tmp.view(np.int64)
     for j in range(n):
         y = max(x[j] - shift, -708.0)
@@ -147,21 +159,12 @@ def _exp_shifted_f64(x, n, shift, tmp, acc):
                     1 / 6227020800)))))))))))))  # exp(r)
         bits[j] = (np.int64(t) + 1023) << 52 if y > -708.0 else 0  # 2^t, or 0 -> exp = 0
     two_t = tmp.view(np.float64)
-    acc[:] = 0.0
-    n8 = n - n % 8
-    for j in range(0, n8, 8):
-        for u in range(8):
-            e = x[j + u] * two_t[j + u]
-            x[j + u] = e
-            acc[u] += e
-    for j in range(n8, n):
+    for j in range(n):
         x[j] *= two_t[j]
-        acc[0] += x[j]
-    return acc.sum()
 
 
 @njit(**_JIT)
-def _exp_shifted_f32(x, n, shift, tmp, acc):
+def _exp_shifted_f32(x, n, shift, tmp):
     # x, tmp: (>= n,) float32; float32 arithmetic so that 8 lanes fit one AVX register,
     # and a polynomial of degree 7, enough for float32's 24-bit mantissa
     bits = tmp.view(np.int32)
@@ -175,24 +178,15 @@ def _exp_shifted_f32(x, n, shift, tmp, acc):
                 np.float32(1 / 720) + r * np.float32(1 / 5040)))))))
         bits[j] = (np.int32(t) + np.int32(127)) << np.int32(23) if y > lo else np.int32(0)
     two_t = tmp.view(np.float32)
-    acc[:] = 0.0
-    n8 = n - n % 8
-    for j in range(0, n8, 8):
-        for u in range(8):
-            e = x[j + u] * two_t[j + u]
-            x[j + u] = e
-            acc[u] += e
-    for j in range(n8, n):
+    for j in range(n):
         x[j] *= two_t[j]
-        acc[0] += x[j]
-    return acc.sum()
 
 
 @overload(exp_shifted, jit_options=_JIT)
-def _exp_shifted_numba(x, n, shift, tmp, acc):
+def _exp_shifted_numba(x, n, shift, tmp):
     if x.dtype == types.float32:
-        return lambda x, n, shift, tmp, acc: _exp_shifted_f32(x, n, shift, tmp, acc)
-    return lambda x, n, shift, tmp, acc: _exp_shifted_f64(x, n, shift, tmp, acc)
+        return lambda x, n, shift, tmp: _exp_shifted_f32(x, n, shift, tmp)
+    return lambda x, n, shift, tmp: _exp_shifted_f64(x, n, shift, tmp)
 
 
 @njit(**_JIT)
@@ -259,7 +253,8 @@ def _sdpa_forward_kernel(q, k, v, scale, heads, causal, kv_len,
                 row[:] = 0.0
                 lse[bh, i] = -np.inf
                 continue
-            z = exp_shifted(row, k_hi, m, tmp, acc)  # e = exp(s - m), 0 where masked
+            exp_shifted(row, k_hi, m, tmp)  # e = exp(s - m), 0 where masked
+            z = _row_sum(row, kend, acc)
             lse[bh, i] = m + math.log(z)
             inv_z[r] = 1.0 / z
         o = np.dot(e, v[bh, :k_hi])  # (5) out = p v = (e v) / z  (n, D)
@@ -288,7 +283,6 @@ def _sdpa_backward_kernel(dout, q, k, v, delta, lse, scale, heads, causal, kv_le
         dv_acc = dv_part[bh, c]
         dk_acc[:] = 0.0
         dv_acc[:] = 0.0
-        acc = np.empty(8)
         # chunk c takes blocks c, c + n_chunks, ...: under a causal mask each chunk then gets
         # a similar share of short (early) and long (late) rows
         for blk in range(c, n_blk, n_chunks):
@@ -313,7 +307,7 @@ def _sdpa_backward_kernel(dout, q, k, v, delta, lse, scale, heads, causal, kv_le
                 kend = min(_key_end(i, b, t_q, t_k, causal, kv_len), k_hi)
                 _scores_row(prow, kend, b, h, i, scale, mask, mstr, has_mask,
                             bias, bstr, has_bias)
-                exp_shifted(prow, k_hi, lse[bh, i], tmp, acc)  # (4) p = exp(s - lse)
+                exp_shifted(prow, k_hi, lse[bh, i], tmp)  # (4) p = exp(s - lse)
                 # (4) p = softmax(s)  =>  ds = p * (dp - delta),
                 #     delta = sum_j dp_j p_j = sum_d dout_d out_d   (p = 0 masked: ds = 0)
                 delta_i = delta[bh, i]
