@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-
 ZERO_TOL = 1e-8  # a gradient that is zero in theory must be zero to within this, absolutely
 
 

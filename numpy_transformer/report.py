@@ -104,7 +104,8 @@ def model_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckRep
     )
     for title, model, inputs in models:
         yield lambda m=model, i=inputs, t=title: check_module(m, i, title=t)
-        yield lambda m=model, i=inputs, t=title: check_direction(m, i, title=f"{t}: random direction")
+        yield lambda m=model, i=inputs, t=title: check_direction(m, i,
+                                                                 title=f"{t}: random direction")
 
 
 REPORT_NAMES = {"ops": op_checks, "modules": module_checks, "models": model_checks}

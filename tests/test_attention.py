@@ -11,7 +11,8 @@ B, H, TQ, TK, D = 2, 3, 5, 6, 4
 
 
 def qkv(rng, tq=TQ, tk=TK):
-    return rng.normal(size=(B, H, tq, D)), rng.normal(size=(B, H, tk, D)), rng.normal(size=(B, H, tk, D))
+    return (rng.normal(size=(B, H, tq, D)), rng.normal(size=(B, H, tk, D)),
+            rng.normal(size=(B, H, tk, D)))
 
 
 def masks(rng):

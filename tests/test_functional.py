@@ -61,8 +61,8 @@ def test_erf_kernel_matches_reference(rng):
         x = (rng.normal(size=500) * 3).astype(dtype)
         assert erf(x).dtype == dtype
         # float64 agrees to the bit; float32 uses the single-precision erff: within an ulp or two
-        np.testing.assert_allclose(erf(x), erf_reference(x), rtol=0 if dtype == np.float64 else 3e-7,
-                                   atol=0)
+        rtol = 0 if dtype == np.float64 else 3e-7
+        np.testing.assert_allclose(erf(x), erf_reference(x), rtol=rtol, atol=0)
 
 
 def test_swiglu(rng):

@@ -21,7 +21,6 @@ import numpy as np
 from ..kernels.special import erf
 
 
-
 # ----------------------------------------------------------------------------- ReLU
 def relu_forward(x: np.ndarray):
     """``out = max(x, 0)``. Returns ``(out, cache)``; the cache is the input."""

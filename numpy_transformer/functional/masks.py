@@ -58,5 +58,5 @@ def combine_masks(*masks: np.ndarray | None) -> np.ndarray | None:
 
 
 def from_torch_ignore_mask(ignore: np.ndarray) -> np.ndarray:
-    """Convert a PyTorch ``nn.MultiheadAttention`` mask (``True`` = ignore) to ours (``True`` = attend)."""
+    """Convert an ``nn.MultiheadAttention`` mask (``True`` = ignore) to ours (``True`` = attend)."""
     return ~np.asarray(ignore, dtype=bool)
