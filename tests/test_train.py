@@ -1,0 +1,103 @@
+"""The training loop: one step does what it says, stops on non-finite values, is repeatable."""
+
+import numpy as np
+import pytest
+
+from numpy_transformer.data import window_schedule
+from numpy_transformer.nn import DecoderLM, TransformerConfig
+from numpy_transformer.optim import Adam, constant_lr
+from numpy_transformer.train import Batch, NonFiniteError, Trainer, lm_batches
+
+
+def tiny_lm(**kw):
+    cfg = dict(vocab=11, width=16, heads=2, layers=1, ffn_width=32, max_len=12, seed=3)
+    return DecoderLM(TransformerConfig(**{**cfg, **kw}))
+
+
+def corpus(n=400, seed=0):
+    """A learnable sequence: counting mod 11 with occasional noise."""
+    rng = np.random.default_rng(seed)
+    ids = np.arange(n) % 11
+    flip = rng.random(n) < 0.05
+    ids[flip] = rng.integers(0, 11, flip.sum())
+    return ids
+
+
+def test_loss_falls_on_a_learnable_sequence():
+    ids = corpus()
+    schedule = window_schedule(len(ids), 10, 16, 60, np.random.default_rng(0))
+    trainer = Trainer(tiny_lm(), Adam(lr=1e-2), constant_lr(1e-2), clip=1.0)
+    log = trainer.fit(lm_batches(ids, schedule, 10), total=60, progress=False)
+    assert len(log) == 60 and trainer.step_count == 60
+    assert np.mean([r.loss for r in log[-10:]]) < 0.5 * np.mean([r.loss for r in log[:5]])
+
+
+def test_identical_schedule_and_init_give_identical_runs():
+    ids = corpus()
+    schedule = window_schedule(len(ids), 10, 8, 15, np.random.default_rng(1))
+    runs = []
+    for _ in range(2):
+        model = tiny_lm()
+        trainer = Trainer(model, Adam(lr=3e-3), constant_lr(3e-3), clip=1.0)
+        log = trainer.fit(lm_batches(ids, schedule, 10), total=15, progress=False)
+        runs.append(([r.loss for r in log], model.state_dict()))
+    assert runs[0][0] == runs[1][0]
+    for name, value in runs[0][1].items():
+        np.testing.assert_array_equal(value, runs[1][1][name])
+
+
+def test_step_records_the_norm_before_clipping_and_clips_globally():
+    ids = corpus()
+    x, y = ids[:40].reshape(4, 10), ids[1:41].reshape(4, 10)
+    model = tiny_lm()
+    trainer = Trainer(model, Adam(lr=1e-3), constant_lr(1e-3), clip=1e-3)
+    record = trainer.step(Batch((x,), y))
+    # recompute the unclipped global norm on a fresh copy of the same model
+    fresh = tiny_lm()
+    Trainer(fresh, Adam(lr=1e-3), constant_lr(1e-3)).loss_and_grads(Batch((x,), y))
+    norm = np.sqrt(sum((g.astype(np.float64) ** 2).sum() for _, _, g in fresh.named_parameters()))
+    assert record.grad_norm == pytest.approx(norm, rel=1e-10)
+    clipped = np.sqrt(sum((g ** 2).sum() for _, _, g in model.named_parameters()))
+    assert clipped == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_tensor_stats_every_n_steps():
+    ids = corpus()
+    schedule = window_schedule(len(ids), 10, 4, 6, np.random.default_rng(2))
+    trainer = Trainer(tiny_lm(), Adam(lr=1e-3), constant_lr(1e-3), stats_every=3)
+    trainer.fit(lm_batches(ids, schedule, 10), total=6, progress=False)
+    assert [s["step"] for s in trainer.tensor_stats] == [3, 6]
+    stats = trainer.tensor_stats[0]["head.w"]
+    assert stats["grad_norm"] > 0 and 0 < stats["update_ratio"] < 0.1
+
+
+def test_non_finite_gradient_stops_and_names_the_tensor():
+    ids = corpus()
+    x, y = ids[:40].reshape(4, 10), ids[1:41].reshape(4, 10)
+    model = tiny_lm()
+    before = model.state_dict()
+    model.decoder.blocks[0].ffn.up.params["w"][0, 0] = np.inf
+    trainer = Trainer(model, Adam(lr=1e-3), constant_lr(1e-3))
+    with pytest.raises(NonFiniteError, match="step 1"):
+        trainer.step(Batch((x,), y))
+    assert trainer.step_count == 0
+    for name, value in model.state_dict().items():  # nothing else was updated
+        if name != "decoder.blocks.0.ffn.up.w":
+            np.testing.assert_array_equal(value, before[name])
+
+
+def test_non_finite_gradient_names_the_first_tensor():
+    ids = corpus()
+    x, y = ids[:40].reshape(4, 10), ids[1:41].reshape(4, 10)
+    model = tiny_lm()
+    trainer = Trainer(model, Adam(lr=1e-3), constant_lr(1e-3))
+    original = trainer.loss_and_grads
+
+    def poisoned(batch):
+        loss = original(batch)
+        model.head.grads["b"][0] = np.nan
+        return loss
+
+    trainer.loss_and_grads = poisoned
+    with pytest.raises(NonFiniteError, match="head.b"):
+        trainer.step(Batch((x,), y))
