@@ -71,6 +71,7 @@ def test_tensor_stats_every_n_steps():
     assert stats["grad_norm"] > 0 and 0 < stats["update_ratio"] < 0.1
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the inf weight is the point of the test
 def test_non_finite_gradient_stops_and_names_the_tensor():
     ids = corpus()
     x, y = ids[:40].reshape(4, 10), ids[1:41].reshape(4, 10)
@@ -101,3 +102,19 @@ def test_non_finite_gradient_names_the_first_tensor():
     trainer.loss_and_grads = poisoned
     with pytest.raises(NonFiniteError, match="head.b"):
         trainer.step(Batch((x,), y))
+
+
+def test_named_access_to_activations_and_gradients_after_a_step():
+    ids = corpus()
+    x, y = ids[:40].reshape(4, 10), ids[1:41].reshape(4, 10)
+    model = tiny_lm()
+    Trainer(model, Adam(lr=1e-3), constant_lr(1e-3)).step(Batch((x,), y))
+    names = dict(model.named_modules())
+    assert "decoder.blocks.0.attn" in names and names[""] is model
+    attn = model.submodule("decoder.blocks.0.attn")
+    assert attn is names["decoder.blocks.0.attn"]
+    assert attn.cache.sdpa is not None and np.abs(attn.grads["wq"]).sum() > 0
+    norm = model.submodule("decoder.final_norm")
+    assert norm.cache.x_hat.shape == (4, 10, 16)
+    with pytest.raises(ValueError, match="'block'"):
+        model.submodule("decoder.block.0")

@@ -70,6 +70,32 @@ class Module:
         for child_name, child in self.children.items():
             yield from child.named_parameters(prefix + child_name + ".")
 
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+        """Yield ``(dotted name, module)`` for this module (name ``""``) and every descendant."""
+        yield prefix.rstrip("."), self
+        for child_name, child in self.children.items():
+            yield from child.named_modules(prefix + child_name + ".")
+
+    def submodule(self, name: str) -> Module:
+        """The descendant called ``name`` (e.g. ``"decoder.blocks.0.attn"``).
+
+        After a training step its ``cache`` holds the activations of the last forward and its
+        ``grads`` the gradients of the last backward: the named access a reader needs to look
+        inside a step.
+
+        Raises
+        ------
+        ValueError
+            If there is no such module; the message lists the children at the failing level.
+        """
+        module = self
+        for part in name.split(".") if name else []:
+            if part not in module.children:
+                raise ValueError(f"no module {name!r}: {part!r} is not one of "
+                                 f"{list(module.children)}")
+            module = module.children[part]
+        return module
+
     def parameters(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield ``(param, grad)`` pairs in the order of :meth:`named_parameters`.
 
