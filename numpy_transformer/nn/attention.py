@@ -15,6 +15,7 @@ import numpy as np
 from .._checks import check_float, check_last_dim, check_positive
 from ..functional import attention as numpy_attention
 from ..functional.linear import LinearCache, linear_backward, linear_forward
+from ..functional.masks import causal_mask
 from ..functional.positional import alibi_bias, rope_backward, rope_forward, rope_tables
 from .module import Module
 
@@ -218,6 +219,159 @@ class MultiHeadAttention(Module):
         if c.cross:
             return dx, dsrc_k + dsrc_v
         return dx + dsrc_k + dsrc_v  # x fed q, k and v: its gradient is the sum of all three
+
+    # --- incremental decoding (inference only, no backward) ---
+    # Generating one token at a time, a causal self-attention would recompute the keys and
+    # values of every earlier position at every step. They never change (earlier positions
+    # cannot see the new token), so a ``KVCache`` keeps them and each new token costs one
+    # query row. These methods store no backward cache and leave ``self.cache`` alone.
+
+    def new_cache(self, batch: int, capacity: int | None = None, dtype=None) -> KVCache:
+        """An empty :class:`KVCache` for this self-attention (capacity defaults to max_len)."""
+        capacity = self.max_len if capacity is None else capacity
+        if capacity is None:
+            raise ValueError("this attention has no max_len: pass the cache capacity")
+        dtype = self.params["wq"].dtype if dtype is None else dtype
+        return KVCache(batch, self.heads, capacity, self.head_width, dtype=dtype)
+
+    def forward_cached(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
+        """Causal self-attention of T_new new positions against everything in ``cache``.
+
+        The new positions are ``cache.length .. cache.length + T_new - 1``; their keys and
+        values are appended to the cache. T_new is the prompt length when prefilling and 1
+        per generated token. The result equals the last T_new rows of ``forward`` over the
+        whole sequence with a causal mask.
+
+        Parameters
+        ----------
+        x : ndarray of shape (B, T_new, C)
+        cache : KVCache
+
+        Returns
+        -------
+        out : ndarray of shape (B, T_new, C)
+
+        Notes
+        -----
+        Steps (1)-(6) of the forward, except that in (3) RoPE rotates by the *absolute*
+        positions start .. start + T_new - 1, that ALiBi's bias and the causal mask are those
+        of the last T_new queries over all T_so_far keys, and that k, v come from the cache.
+        """
+        p = self.params
+        start, t_new = cache.length, x.shape[1]
+        q = x @ p["wq"] + p["bq"]  # (1) as linear_forward, without its cache (B, T_new, C)
+        k = x @ p["wk"] + p["bk"]
+        v = x @ p["wv"] + p["bv"]
+        q, k, v = (split_heads(a, self.heads) for a in (q, k, v))  # (2) (B, H, T_new, D)
+        if self.rope:  # (3) rotate at the absolute positions of the new tokens
+            cos = self.buffers["rope_cos"][start:start + t_new]
+            sin = self.buffers["rope_sin"][start:start + t_new]
+            q, k = rope_forward(q, cos, sin), rope_forward(k, cos, sin)
+        keys, values = cache.append(k, v)  # (B, H, T_so_far, D), T_so_far = start + T_new
+        t_k = keys.shape[2]
+        bias = alibi_bias(self.heads, t_new, t_k, dtype=x.dtype) if self.alibi else None
+        if t_new == 1:  # (4) one generated token: see one_query_attention
+            o = one_query_attention(q, keys, values, bias)  # (B, H, 1, D)
+        else:  # (4) prefill: the backend, with the causal mask of the last T_new queries
+            o, _ = self.sdpa_forward(q, keys, values, mask=causal_mask(t_new, t_k), bias=bias)
+        return merge_heads(o) @ p["wo"] + p["bo"]  # (5), (6) (B, T_new, C)
+
+    def context_kv(self, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Keys and values (B, H, T_s, D) of a cross-attention's ``context`` (B, T_s, C).
+
+        During decoding the encoder's memory does not change: compute these once and pass
+        them to :meth:`forward_cross_cached` at every step.
+        """
+        p = self.params
+        k = context @ p["wk"] + p["bk"]  # (1) (B, T_s, C)
+        v = context @ p["wv"] + p["bv"]
+        return split_heads(k, self.heads), split_heads(v, self.heads)  # (2) (B, H, T_s, D)
+
+    def forward_cross_cached(self, x: np.ndarray, k: np.ndarray, v: np.ndarray,
+                             mask: np.ndarray | None = None) -> np.ndarray:
+        """Cross-attention of x (B, T_new, C) to keys/values from :meth:`context_kv`.
+
+        ``mask`` (True = may attend) broadcasts to (B, H, T_new, T_s), e.g. the source padding.
+        """
+        p = self.params
+        q = split_heads(x @ p["wq"] + p["bq"], self.heads)  # (1), (2) (B, H, T_new, D)
+        o, _ = self.sdpa_forward(q, k, v, mask=mask, bias=None)  # (4) (B, H, T_new, D)
+        return merge_heads(o) @ p["wo"] + p["bo"]  # (5), (6)
+
+
+def one_query_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                        bias: np.ndarray | None = None) -> np.ndarray:
+    """Attention of the newest position alone: ``softmax(q k^T / sqrt(D) + bias) v``.
+
+    The step (4) of cached decoding, written out because it is this simple: the newest
+    query may attend every key (no mask, so no fully masked row), and it needs no backward.
+    Same arithmetic as ``functional.attention.scores_forward``, without the input checks and
+    masking that cost more than the math at this size.
+
+    Parameters
+    ----------
+    q : ndarray of shape (B, H, 1, D)
+    k, v : ndarray of shape (B, H, T_k, D)
+    bias : ndarray broadcastable to (B, H, 1, T_k), optional (ALiBi)
+
+    Returns
+    -------
+    out : ndarray of shape (B, H, 1, D)
+    """
+    s = (q @ k.swapaxes(-1, -2)) * q.dtype.type(1.0 / np.sqrt(q.shape[-1]))  # (B, H, 1, T_k)
+    if bias is not None:
+        s = s + bias
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)) @ v
+
+
+class KVCache:
+    """Keys and values of the positions seen so far by one self-attention layer (inference).
+
+    The arrays are allocated once for ``capacity`` positions and filled from the left, so a
+    step copies only its new row instead of re-allocating the whole history.
+
+    Parameters
+    ----------
+    batch, heads, capacity, head_width : int
+        B, H, the most positions the cache can hold (the model's ``max_len``), and D.
+    dtype : dtype, default float64
+
+    Attributes
+    ----------
+    k, v : ndarray of shape (B, H, capacity, D)
+        Only the first ``length`` positions are meaningful.
+    length : int
+        T_so_far, the positions held; the next appended position has this index.
+    """
+
+    def __init__(self, batch: int, heads: int, capacity: int, head_width: int,
+                 dtype=np.float64) -> None:
+        self.capacity = capacity
+        self.k = np.zeros((batch, heads, capacity, head_width), dtype=dtype)  # (B, H, T_max, D)
+        self.v = np.zeros((batch, heads, capacity, head_width), dtype=dtype)
+        self.length = 0
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Store ``k``, ``v`` (B, H, T_new, D) after the held positions; return all of them.
+
+        Returns
+        -------
+        keys, values : ndarray of shape (B, H, T_so_far + T_new, D)
+            Views into the cache, valid until the next ``append`` or ``reset``.
+        """
+        start, stop = self.length, self.length + k.shape[2]
+        if stop > self.capacity:
+            raise ValueError(f"the KV cache holds {self.length} of {self.capacity} positions: "
+                             f"{k.shape[2]} more do not fit (reset it and prefill a window)")
+        self.k[:, :, start:stop] = k
+        self.v[:, :, start:stop] = v
+        self.length = stop
+        return self.k[:, :, :stop], self.v[:, :, :stop]
+
+    def reset(self) -> None:
+        """Forget every position (the arrays are reused)."""
+        self.length = 0
 
 
 def zero_gradient_names(module, prefix: str = "") -> set[str]:

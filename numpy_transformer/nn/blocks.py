@@ -208,3 +208,45 @@ class DecoderBlock(Module):
             ds = self.norm1.backward(dx)
             dx = ds + self.attn.backward(self.drop1.backward(ds))
         return (dx, dmemory) if self.cross else dx
+
+    # --- incremental decoding (inference only, no backward) ---
+    def forward_cached(self, x: np.ndarray, cache, memory_kv=None,
+                       memory_mask: np.ndarray | None = None) -> np.ndarray:
+        """The forward for T_new new positions, with earlier keys/values taken from ``cache``.
+
+        Evaluation semantics: dropout is skipped (it is the identity in eval mode). The
+        attention keeps no backward cache; the norms and the FFN are called as usual, so
+        their caches are overwritten as by any forward (call ``backward`` only after
+        ``forward``).
+
+        Parameters
+        ----------
+        x : ndarray of shape (B, T_new, C)
+            The residual stream of the new positions only.
+        cache : KVCache
+            The self-attention's cache (``self.attn.new_cache(B)``); the new positions are
+            appended to it.
+        memory_kv : tuple of ndarray (B, H, T_s, D), required when ``cross``
+            ``self.cross_attn.context_kv(memory)``, computed once per source.
+        memory_mask : ndarray of bool, broadcastable to (B, H, T_new, T_s), optional
+
+        Returns
+        -------
+        out : ndarray of shape (B, T_new, C)
+            Equals the last T_new rows of ``forward`` over the whole sequence (in eval mode).
+        """
+        if self.cross and memory_kv is None:
+            raise ValueError("this DecoderBlock has cross-attention: pass memory_kv")
+        if self.norm_first:
+            x = x + self.attn.forward_cached(self.norm1(x), cache)  # (1)
+            if self.cross:
+                x = x + self.cross_attn.forward_cross_cached(self.cross_norm(x), *memory_kv,
+                                                             mask=memory_mask)  # (2)
+            x = x + self.ffn(self.norm2(x))  # (3)
+        else:
+            x = self.norm1(x + self.attn.forward_cached(x, cache))  # (1)
+            if self.cross:
+                x = self.cross_norm(x + self.cross_attn.forward_cross_cached(
+                    x, *memory_kv, mask=memory_mask))  # (2)
+            x = self.norm2(x + self.ffn(x))  # (3)
+        return x

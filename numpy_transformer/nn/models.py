@@ -17,6 +17,7 @@ import numpy as np
 
 from .._checks import check_ids
 from ..functional.masks import key_padding_mask
+from .attention import KVCache
 from .blocks import DecoderBlock, EncoderBlock
 from .config import TransformerConfig
 from .layers import Dropout, Embedding, Linear, TiedOutput, make_norm
@@ -73,6 +74,21 @@ class Embeddings(Module):
         if self.positions is not None:
             dx = self.positions.backward(dx)  # (3)
         self.tokens.backward(dx * self.scale)  # (2), (1)
+
+    # --- incremental decoding (inference only, no backward) ---
+    def forward_at(self, tokens: np.ndarray, start: int) -> np.ndarray:
+        """tokens : int (B, T) at absolute positions start .. start + T - 1 -> x : (B, T, C).
+
+        Steps (1)-(3) with the position rows ``start .. start + T - 1``; dropout (4) is
+        skipped (evaluation semantics) and no backward cache is kept.
+        """
+        tokens = check_ids("tokens", tokens, self.vocab)
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must have shape (B, T), got {tokens.shape}")
+        x = self.tokens.params["table"][tokens] * self.scale  # (1), (2)
+        if self.positions is not None:
+            x = self.positions.forward_at(x, start)  # (3) the absolute positions
+        return x
 
 
 class Encoder(Module):
@@ -146,6 +162,28 @@ class Decoder(Module):
                 dx = block.backward(dx)
         self.embed.backward(dx)
         return dmemory
+
+    # --- incremental decoding (inference only, no backward) ---
+    def new_caches(self, batch: int) -> list[KVCache]:
+        """One empty :class:`KVCache` per block, each for ``max_len`` positions."""
+        return [block.attn.new_cache(batch) for block in self.blocks]
+
+    def memory_kv(self, memory: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each block's cross-attention keys and values of ``memory``, computed once."""
+        return [block.cross_attn.context_kv(memory) for block in self.blocks]
+
+    def forward_cached(self, tokens: np.ndarray, caches: list[KVCache], memory_kv=None,
+                       memory_mask: np.ndarray | None = None) -> np.ndarray:
+        """tokens : int (B, T_new), the positions after those in ``caches`` -> (B, T_new, C).
+
+        Appends the new positions to every block's cache. Equals the last T_new rows of
+        ``forward`` over the whole sequence (in eval mode).
+        """
+        x = self.embed.forward_at(tokens, caches[0].length)  # (B, T_new, C)
+        for i, block in enumerate(self.blocks):
+            x = block.forward_cached(x, caches[i], None if memory_kv is None else memory_kv[i],
+                                     memory_mask)
+        return x if self.final_norm is None else self.final_norm(x)
 
 
 class EncoderClassifier(Module):
@@ -229,6 +267,20 @@ class DecoderLM(Module):
         """Adds into every parameter's gradient (the tied table gets both of its shares)."""
         self.decoder.backward(self.head.backward(dlogits))
 
+    # --- incremental decoding (inference only, no backward) ---
+    def new_caches(self, batch: int) -> list[KVCache]:
+        """Empty key/value caches, one per block, for ``batch`` sequences of up to max_len."""
+        return self.decoder.new_caches(batch)
+
+    def forward_cached(self, tokens: np.ndarray, caches: list[KVCache]) -> np.ndarray:
+        """Logits (B, T_new, V) of T_new new tokens (B, T_new) that follow those in ``caches``.
+
+        Prefill with the prompt (T_new = T), then feed one token per step (T_new = 1). The
+        logits equal the last T_new rows of ``forward`` over the whole sequence (eval mode).
+        See ``numpy_transformer.generate``.
+        """
+        return self.head(self.decoder.forward_cached(tokens, caches))
+
 
 class EncoderDecoder(Module):
     """Encoder over the source, decoder over the target that cross-attends the encoder.
@@ -268,3 +320,27 @@ class EncoderDecoder(Module):
         """Adds into every parameter's gradient; the memory's gradient flows into the encoder."""
         dmemory = self.decoder.backward(self.head.backward(dlogits))
         self.encoder.backward(dmemory)
+
+    # --- incremental decoding (inference only, no backward) ---
+    def new_caches(self, batch: int) -> list[KVCache]:
+        """Empty self-attention caches of the decoder, one per block."""
+        return self.decoder.new_caches(batch)
+
+    def encode_memory(self, src: np.ndarray, src_lengths: np.ndarray | None = None):
+        """Run the encoder once; returns ``(memory_kv, memory_mask)`` for :meth:`forward_cached`.
+
+        ``memory_kv`` holds every decoder block's cross-attention keys and values
+        (B, H, T_s, D); ``memory_mask`` (B, 1, 1, T_s) hides padded source positions, or None.
+        """
+        src_mask = None if src_lengths is None else key_padding_mask(src_lengths,
+                                                                     np.shape(src)[-1])
+        memory = self.encoder(src, src_mask)  # (B, T_s, C)
+        return self.decoder.memory_kv(memory), src_mask
+
+    def forward_cached(self, tgt: np.ndarray, caches: list[KVCache], memory_kv,
+                       memory_mask: np.ndarray | None = None) -> np.ndarray:
+        """Logits (B, T_new, V) of the target tokens (B, T_new) that follow those in ``caches``.
+
+        Equals the last T_new rows of ``forward(src, tgt_so_far, src_lengths)`` (eval mode).
+        """
+        return self.head(self.decoder.forward_cached(tgt, caches, memory_kv, memory_mask))

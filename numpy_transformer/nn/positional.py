@@ -22,6 +22,15 @@ def _check_length(x: np.ndarray, max_len: int, width: int) -> None:
         raise ValueError(f"x has width {x.shape[2]} (shape {x.shape}), expected {width}")
 
 
+def _check_window(x: np.ndarray, start: int, max_len: int, width: int) -> None:
+    """Like :func:`_check_length` for the positions start .. start + T - 1 (cached decoding)."""
+    if start < 0 or start + x.shape[1] > max_len:
+        raise ValueError(f"positions {start} .. {start + x.shape[1] - 1} lie outside the "
+                         f"position table's [0, {max_len})")
+    if x.shape[2] != width:
+        raise ValueError(f"x has width {x.shape[2]} (shape {x.shape}), expected {width}")
+
+
 class SinusoidalPositions(Module):
     """``out = x + PE[:T]`` with the fixed sinusoidal table of Vaswani et al.
 
@@ -57,6 +66,12 @@ class SinusoidalPositions(Module):
         """The table is a constant: ``dx = dout``."""
         return dout
 
+    # --- incremental decoding (inference only, no backward) ---
+    def forward_at(self, x: np.ndarray, start: int) -> np.ndarray:
+        """x : (B, T, C) at absolute positions start .. start + T - 1 -> x + PE[start:start+T]."""
+        _check_window(x, start, self.max_len, self.width)
+        return x + self.buffers["table"][start:start + x.shape[1]]
+
 
 class LearnedPositions(Module):
     """``out = x + table[:T]`` with a trained table (max_len, C), as BERT and GPT-2.
@@ -90,3 +105,12 @@ class LearnedPositions(Module):
         """``dtable[:T] += sum_B dout`` (every sequence used the same rows); ``dx = dout``."""
         self.grads["table"][: self.cache] += dout.sum(axis=0)
         return dout
+
+    # --- incremental decoding (inference only, no backward) ---
+    def forward_at(self, x: np.ndarray, start: int) -> np.ndarray:
+        """x : (B, T, C) at absolute positions start .. start + T - 1 -> x + table[start:start+T].
+
+        Leaves ``self.cache`` alone (there is no backward for this call).
+        """
+        _check_window(x, start, self.max_len, self.width)
+        return x + self.params["table"][start:start + x.shape[1]]

@@ -1,0 +1,420 @@
+"""Text generation: sampling the next token, and a key/value cache so a step costs one row.
+
+A decoder-only model turns a sequence into next-token logits. Generating ``steps`` tokens
+repeats three moves: take the logits of the last position, draw a token from them
+(:func:`sample_next`), append it. Done naively every step runs the whole model over the whole
+window again; the course chapter's sampler does exactly that on its last 100 characters. With
+a **key/value cache** (``DecoderLM.forward_cached``) every attention layer keeps the keys and
+values of the positions it has already seen, so a new token costs one query row per layer and
+the logits are the same (to rounding: 1e-10 in float64, 1e-5 in float32; the tests check it).
+
+The context-window policy
+-------------------------
+A model accepts at most ``max_len`` positions (its position tables have that many rows). When
+the sequence grows past that, something must be dropped. Which tokens the next logits are
+conditioned on is the **policy**; whether they are computed with the cache is ``use_cache``.
+The two are independent: ``use_cache=False`` runs a full forward over the same window as
+``use_cache=True`` would use, which makes it the reference the cache is tested against.
+
+Let L be the length of the window the model reads (the last L tokens of the sequence). The
+prompt starts it at ``L = min(len(prompt), max_len)``; after every appended token
+
+* if ``L < max_len``: the window grows, ``L = L + 1`` (the cache appends one row);
+* if ``L == max_len``: the window is cut back to ``L = keep`` tokens (the cache is
+  emptied and prefilled with the last ``keep`` tokens, positions 0 .. keep - 1).
+
+``policy="recompute"`` is ``keep = max_len``: the window is always the last ``max_len``
+tokens, exactly the chapter's sampler (``ids[:, -max_len:]`` every step). Once the sequence is
+longer than ``max_len`` the cache cannot help: every step is a full prefill of ``max_len``
+tokens. ``policy="refill"`` (the default) uses ``keep = max_len // 2`` (or the ``keep`` given):
+one prefill of ``keep`` tokens buys ``max_len - keep`` cheap cached steps, so the refill is
+amortised, and the model always reads between ``keep`` and ``max_len`` tokens.
+
+Why not simply slide the cache (drop its oldest row, append the new one)? Because that is not
+the model applied to any window. The cached keys and values of layer 2 and above were computed
+by positions that attended the dropped tokens, and with absolute positions (sinusoidal,
+learned) every cached row also carries the absolute position it had, while a recomputed
+cropped window restarts at position 0. A sliding cache would thus feed the model inputs it
+never saw in training. Both policies here are, at every step, exactly ``model.forward`` of a
+window of the sequence; they agree with each other until the sequence first exceeds
+``max_len``, and after that ``refill`` reads a shorter window than ``recompute``.
+
+References
+----------
+Holtzman et al., "The Curious Case of Neural Text Degeneration", 2020 (nucleus sampling).
+Fan, Lewis & Dauphin, "Hierarchical Neural Story Generation", 2018 (top-k sampling).
+Pope et al., "Efficiently Scaling Transformer Inference", 2022 (the key/value cache).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._checks import check_ids
+from .nn.models import DecoderLM, EncoderDecoder
+
+POLICIES = ("refill", "recompute")
+
+
+# ---------------------------------------------------------------------- sampling
+
+
+def _check_sampling(temperature, top_k, top_p) -> None:
+    """Raise ``ValueError`` naming the first bad sampling option."""
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.floating))
+            or not np.isfinite(temperature) or not temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer))
+                              or top_k < 1):
+        raise ValueError(f"top_k must be an integer >= 1 (or None), got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool)
+                              or not isinstance(top_p, (int, float, np.floating))
+                              or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must lie in (0, 1] (or be None), got {top_p!r}")
+
+
+def next_token_probs(logits: np.ndarray, temperature: float = 1.0, top_k: int | None = None,
+                     top_p: float | None = None) -> np.ndarray:
+    """The distribution :func:`sample_next` draws from: temperature, then top-k, then top-p.
+
+    Parameters
+    ----------
+    logits : ndarray of shape (B, V)
+    temperature, top_k, top_p
+        As for :func:`sample_next` (already validated).
+
+    Returns
+    -------
+    probs : ndarray of float64, shape (B, V)
+        Each row sums to 1; tokens cut by top-k or top-p have probability exactly 0.
+
+    Notes
+    -----
+    (1) z = logits / temperature
+    (2) top-k: z_j = -inf unless j is among the k largest z (exactly k kept; ties at the
+        k-th value are broken arbitrarily)
+    (3) p = softmax(z)
+    (4) top-p: sort p descending; keep the smallest prefix whose cumulative mass reaches
+        top_p, i.e. keep sorted entry i iff the mass *before* it is < top_p; set the rest to
+        0 and renormalise
+    """
+    z = logits.astype(np.float64) / temperature  # (1) (B, V)
+    v = z.shape[-1]
+    if top_k is not None and top_k < v:  # (2)
+        best = np.argpartition(-z, top_k - 1, axis=-1)[:, :top_k]  # (B, k), any order
+        keep = np.zeros(z.shape, dtype=bool)
+        np.put_along_axis(keep, best, True, axis=-1)
+        z = np.where(keep, z, -np.inf)
+    e = np.exp(z - z.max(axis=-1, keepdims=True))  # (3)
+    p = e / e.sum(axis=-1, keepdims=True)
+    if top_p is not None and top_p < 1:  # (4)
+        order = np.argsort(-p, axis=-1, kind="stable")  # (B, V) most probable first
+        sorted_p = np.take_along_axis(p, order, axis=-1)
+        mass_before = np.cumsum(sorted_p, axis=-1) - sorted_p
+        keep = np.zeros(p.shape, dtype=bool)
+        np.put_along_axis(keep, order, mass_before < top_p, axis=-1)  # the first is always kept
+        p = np.where(keep, p, 0.0)
+        p = p / p.sum(axis=-1, keepdims=True)
+    return p
+
+
+def sample_next(logits: np.ndarray, rng: np.random.Generator | None, temperature: float = 1.0,
+                top_k: int | None = None, top_p: float | None = None, greedy: bool = False):
+    """Draw the next token id from next-token logits.
+
+    Parameters
+    ----------
+    logits : ndarray of shape (V,) or (B, V)
+        Unnormalised log-probabilities of the next token (the model's last position).
+    rng : np.random.Generator
+        The only source of randomness (may be None when ``greedy``).
+    temperature : float, default 1.0
+        Divides the logits: < 1 sharpens the distribution (towards greedy as it goes to 0),
+        > 1 flattens it.
+    top_k : int, optional
+        Keep only the k most probable tokens, renormalised (k >= V keeps all).
+    top_p : float, optional
+        Nucleus sampling: keep the smallest set of most probable tokens whose total
+        probability reaches ``top_p`` (applied after top-k), renormalised.
+    greedy : bool, default False
+        Return the argmax of the logits (temperature, top-k and top-p cannot change it).
+
+    Returns
+    -------
+    ids : int for logits (V,); ndarray of int64, shape (B,), for logits (B, V)
+
+    Raises
+    ------
+    ValueError
+        For logits that are not a 1-D/2-D float array, contain NaN or +inf, or have a row
+        without a finite entry; for ``temperature <= 0``, ``top_k < 1``, ``top_p`` outside
+        (0, 1], or a missing ``rng`` when sampling.
+
+    Notes
+    -----
+    The distribution is :func:`next_token_probs`. A token is drawn by inverting the
+    cumulative distribution with one uniform number u per row: the first j with
+    cumsum(p)_j > u * sum(p). A token of probability 0 is never drawn.
+    """
+    _check_sampling(temperature, top_k, top_p)
+    logits = np.asarray(logits)
+    if not np.issubdtype(logits.dtype, np.floating) or logits.ndim not in (1, 2):
+        raise ValueError(f"logits must be a float array of shape (V,) or (B, V), got dtype "
+                         f"{logits.dtype} and shape {logits.shape}")
+    if logits.shape[-1] == 0:
+        raise ValueError(f"logits have an empty vocabulary axis, shape {logits.shape}")
+    rows = logits.reshape(-1, logits.shape[-1])  # (B, V)
+    row_max = rows.max(axis=-1)  # NaN if the row holds a NaN
+    if np.isnan(row_max).any() or (row_max == np.inf).any():
+        raise ValueError("logits contain NaN or +inf")
+    if not (row_max > -np.inf).all():
+        raise ValueError("a row of logits has no finite entry: nothing can be sampled")
+    if greedy:
+        ids = rows.argmax(axis=-1)
+    else:
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError(f"rng must be a np.random.Generator when sampling, got "
+                             f"{type(rng).__name__}")
+        p = next_token_probs(rows, temperature, top_k, top_p)  # (B, V)
+        c = np.cumsum(p, axis=-1)
+        u = rng.random((p.shape[0], 1)) * c[:, -1:]  # (B, 1), in [0, total)
+        ids = (c <= u).sum(axis=-1)  # index of the first c_j > u; its p_j > 0
+        if (ids == p.shape[1]).any():  # u rounded up to the total: take the last p_j > 0
+            last = p.shape[1] - 1 - np.argmax(p[:, ::-1] > 0, axis=-1)
+            ids = np.minimum(ids, last)
+    ids = ids.astype(np.int64)
+    return int(ids[0]) if logits.ndim == 1 else ids
+
+
+# ---------------------------------------------------------------------- the window
+
+
+class WindowedDecoder:
+    """Next-token logits of a growing sequence, under a context-window policy.
+
+    Holds the sequence and, with ``use_cache``, one key/value cache per block. See the module
+    docstring for the policy: the logits returned are always ``model.forward`` of the last
+    ``window`` tokens (computed with the cache or not).
+
+    Parameters
+    ----------
+    model : DecoderLM
+        Used as it is (the caller sets eval mode).
+    use_cache : bool, default True
+    policy : {"refill", "recompute"}, default "refill"
+    keep : int, optional
+        Tokens kept when the window is full; only with ``policy="refill"``. Default
+        ``max(1, max_len // 2)``; 1 <= keep <= max_len.
+
+    Attributes
+    ----------
+    ids : ndarray of int64, shape (B, min(T, max_len))
+        The last tokens of the sequence so far: all that any window can read.
+    window : int
+        L, the number of last tokens the latest logits were conditioned on.
+    prefills : int
+        How many times the window was (re)encoded from scratch: 1 for the prompt, plus one
+        per refill (with the cache) or per step (without).
+    """
+
+    def __init__(self, model: DecoderLM, use_cache: bool = True, policy: str = "refill",
+                 keep: int | None = None) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        max_len = model.config.max_len
+        if policy == "recompute":
+            if keep is not None:
+                raise ValueError(f"keep={keep!r} applies to policy='refill' only "
+                                 f"(policy='recompute' always keeps max_len={max_len})")
+            keep = max_len
+        elif keep is None:
+            keep = max(1, max_len // 2)
+        elif (isinstance(keep, bool) or not isinstance(keep, (int, np.integer))
+              or not 1 <= keep <= max_len):
+            raise ValueError(f"keep must be an integer in [1, max_len={max_len}], got {keep!r}")
+        self.model, self.use_cache, self.policy = model, use_cache, policy
+        self.max_len, self.keep = max_len, int(keep)
+        self.ids = None
+        self.window = 0
+        self.prefills = 0
+        self.caches = None
+
+    def _encode_window(self) -> np.ndarray:
+        """Logits (B, V) of ``model.forward(ids[:, -window:])`` at its last position."""
+        self.prefills += 1
+        tokens = self.ids[:, -self.window:]  # (B, L)
+        if not self.use_cache:
+            return self.model.forward(tokens)[:, -1]
+        for cache in self.caches:
+            cache.reset()
+        return self.model.forward_cached(tokens, self.caches)[:, -1]
+
+    def start(self, prompt_ids: np.ndarray) -> np.ndarray:
+        """Begin with ``prompt_ids`` (B, T); returns the logits (B, V) of the next token."""
+        self.ids = np.asarray(prompt_ids, dtype=np.int64)[:, -self.max_len:]  # (B, L)
+        self.window = self.ids.shape[1]
+        self.prefills = 0
+        if self.use_cache:
+            self.caches = self.model.new_caches(self.ids.shape[0])
+        return self._encode_window()
+
+    def append(self, next_ids: np.ndarray) -> np.ndarray:
+        """Append one token per sequence, ``next_ids`` (B,); returns the next logits (B, V)."""
+        next_ids = np.asarray(next_ids, dtype=np.int64).reshape(-1, 1)  # (B, 1)
+        self.ids = np.concatenate([self.ids, next_ids], axis=1)[:, -self.max_len:]
+        if self.window == self.max_len:  # full: cut back to the last `keep` tokens
+            self.window = self.keep
+            return self._encode_window()
+        self.window += 1
+        if not self.use_cache:
+            return self._encode_window()
+        return self.model.forward_cached(next_ids, self.caches)[:, -1]  # one new row
+
+
+# ---------------------------------------------------------------------- generation
+
+
+def _check_prompt(name: str, ids, vocab: int) -> tuple[np.ndarray, bool]:
+    """``ids`` as (B, T) int64, and whether it came as one sequence (T,)."""
+    ids = check_ids(name, ids, vocab)
+    if ids.ndim not in (1, 2) or ids.shape[-1] == 0:
+        raise ValueError(f"{name} must have shape (T,) or (B, T) with T >= 1, got {ids.shape}")
+    single = ids.ndim == 1
+    return (ids[None] if single else ids).astype(np.int64), single
+
+
+def _check_steps(steps) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+        raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
+
+
+def generate(model: DecoderLM, prompt_ids, steps: int, rng: np.random.Generator | None,
+             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+             greedy: bool = False, use_cache: bool = True, policy: str = "refill",
+             keep: int | None = None) -> np.ndarray:
+    """Continue ``prompt_ids`` by ``steps`` tokens sampled from ``model``.
+
+    Parameters
+    ----------
+    model : DecoderLM
+        Run in eval mode (dropout off); its previous mode is restored afterwards.
+    prompt_ids : array of int, shape (T,) or (B, T)
+        T >= 1 token ids in ``[0, vocab)``; longer than ``max_len`` is allowed (the window
+        policy crops it).
+    steps : int
+        Tokens to add (0 returns the prompt).
+    rng : np.random.Generator
+        Source of every random draw (may be None with ``greedy``); a seeded generator makes
+        the output repeatable.
+    temperature, top_k, top_p, greedy
+        How each token is drawn, see :func:`sample_next`.
+    use_cache : bool, default True
+        Decode with the key/value cache (one new row per step). False recomputes the window
+        with a full forward every step: slower, the same logits (the reference).
+    policy : {"refill", "recompute"}, default "refill"
+        What happens at ``max_len``; see the module docstring. ``"recompute"`` with
+        ``use_cache=False`` is the chapter's cropped-window sampler.
+    keep : int, optional
+        Tokens kept when the window is full (``policy="refill"``; default ``max_len // 2``).
+
+    Returns
+    -------
+    ids : ndarray of int64, shape (T + steps,) or (B, T + steps)
+        The prompt followed by the generated tokens (same rank as ``prompt_ids``).
+
+    Raises
+    ------
+    ValueError
+        For a model that is not a ``DecoderLM``, ids outside the vocabulary, an empty prompt,
+        negative ``steps``, an unknown policy, a bad ``keep`` or bad sampling options.
+    """
+    if not isinstance(model, DecoderLM):
+        raise ValueError(f"generate needs a DecoderLM, got {type(model).__name__}")
+    prompt, single = _check_prompt("prompt_ids", prompt_ids, model.config.vocab)
+    _check_steps(steps)
+    _check_sampling(temperature, top_k, top_p)
+    if not greedy and not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng must be a np.random.Generator when sampling, got "
+                         f"{type(rng).__name__}")
+    decoder = WindowedDecoder(model, use_cache=use_cache, policy=policy, keep=keep)
+    was_training = model.training
+    model.eval()
+    try:
+        new = []  # one (B,) array per step
+        if steps:
+            logits = decoder.start(prompt)  # (B, V)
+        for step in range(steps):
+            new.append(sample_next(logits, rng, temperature, top_k, top_p, greedy))  # (B,)
+            if step + 1 < steps:  # the last token needs no logits after it
+                logits = decoder.append(new[-1])
+    finally:
+        model.train(was_training)
+    ids = np.concatenate([prompt] + [t[:, None] for t in new], axis=1)  # (B, T + steps)
+    return ids[0] if single else ids
+
+
+def generate_seq2seq(model: EncoderDecoder, src_ids, start_ids, steps: int,
+                     rng: np.random.Generator | None, src_lengths=None,
+                     temperature: float = 1.0, top_k: int | None = None,
+                     top_p: float | None = None, greedy: bool = False,
+                     use_cache: bool = True) -> np.ndarray:
+    """Decode a target for ``src_ids`` with an :class:`EncoderDecoder`.
+
+    The encoder runs once; with ``use_cache`` every decoder block also computes the
+    cross-attention keys and values of the encoder's output once, and keeps a self-attention
+    key/value cache, so a step costs one query row. There is no window policy: the target
+    (start tokens plus steps) must fit in ``max_len``.
+
+    Parameters
+    ----------
+    model : EncoderDecoder
+        Run in eval mode; its previous mode is restored afterwards.
+    src_ids : array of int, shape (T_s,) or (B, T_s)
+    start_ids : array of int, shape (T_0,) or (B, T_0)
+        The target's first tokens, e.g. a begin-of-sequence id. Same rank as ``src_ids``.
+    steps : int
+    rng, temperature, top_k, top_p, greedy
+        As for :func:`generate`.
+    src_lengths : array of int, shape (B,), optional
+        Unpadded source lengths (padded positions are masked, as in ``forward``).
+    use_cache : bool, default True
+        False recomputes ``forward(src, target so far)`` every step (the reference).
+
+    Returns
+    -------
+    ids : ndarray of int64, shape (T_0 + steps,) or (B, T_0 + steps)
+        ``start_ids`` followed by the generated tokens; no stopping at an end token.
+    """
+    if not isinstance(model, EncoderDecoder):
+        raise ValueError(f"generate_seq2seq needs an EncoderDecoder, got {type(model).__name__}")
+    vocab, max_len = model.config.vocab, model.config.max_len
+    src, single = _check_prompt("src_ids", src_ids, vocab)
+    tgt, single_tgt = _check_prompt("start_ids", start_ids, vocab)
+    if single != single_tgt or src.shape[0] != tgt.shape[0]:
+        raise ValueError(f"src_ids {np.shape(src_ids)} and start_ids {np.shape(start_ids)} "
+                         f"must hold the same number of sequences")
+    _check_steps(steps)
+    if tgt.shape[1] + steps > max_len:
+        raise ValueError(f"start tokens ({tgt.shape[1]}) + steps ({steps}) exceed "
+                         f"max_len={max_len}")
+    _check_sampling(temperature, top_k, top_p)
+    if not greedy and not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng must be a np.random.Generator when sampling, got "
+                         f"{type(rng).__name__}")
+    was_training = model.training
+    model.eval()
+    try:
+        if use_cache:
+            memory_kv, memory_mask = model.encode_memory(src, src_lengths)
+            caches = model.new_caches(src.shape[0])
+            new = tgt  # prefill with the start tokens
+        for _ in range(steps):
+            if use_cache:
+                logits = model.forward_cached(new, caches, memory_kv, memory_mask)[:, -1]
+            else:
+                logits = model.forward(src, tgt, src_lengths)[:, -1]  # (B, V)
+            new = sample_next(logits, rng, temperature, top_k, top_p, greedy)[:, None]
+            tgt = np.concatenate([tgt, new], axis=1)
+    finally:
+        model.train(was_training)
+    return tgt[0] if single else tgt
