@@ -158,8 +158,9 @@ class ProgressBar:
     On a terminal it redraws in place; elsewhere (logs, CI) it prints a line every ~10%.
     """
 
-    def __init__(self, total: int, stream=sys.stderr, width: int = 24) -> None:
-        self.total, self.stream, self.width = total, stream, width
+    def __init__(self, total: int, stream=None, width: int = 24) -> None:
+        self.total, self.width = total, width
+        self.stream = sys.stderr if stream is None else stream  # looked up now, not at import
         self.tty = stream.isatty()
         self.start = time.perf_counter()
         self.last_line = -1

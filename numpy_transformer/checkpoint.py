@@ -1,0 +1,322 @@
+"""Checkpoints: one plain ``.npz`` file that can resume a run bit for bit and never runs code.
+
+What a checkpoint holds (every key of the ``.npz``)::
+
+    format_version        int, FORMAT_VERSION
+    step                  int, updates made so far = the position in the data schedule
+    param.<dotted name>   every model parameter (its own dtype)
+    adam_m.<name>         Adam's first moments     } absent before the first update
+    adam_v.<name>         Adam's second moments    }
+    optimizer             JSON: {"kind", "t", "lr", "beta1", "beta2", "eps", "weight_decay"}
+    rng                   JSON: {name: bit_generator.state} of every generator of the run
+                          (each Dropout layer's, the task's data generator, the sampler's)
+    config                JSON: the model's TransformerConfig as a dict
+    options               JSON: the training options (task, steps, lr, ...)
+    tokenizer             JSON: CharTokenizer.to_dict(), or null for the synthetic tasks
+    meta                  JSON: anything else the trainer wants back (e.g. "finished")
+
+JSON travels as a 0-d unicode array (``np.array(json_str)``) so the file is read with
+``np.load(allow_pickle=False)``: a checkpoint holds numbers and text only, and loading one
+can never execute code (a pickled object array is refused by NumPy itself).
+
+Writes are atomic: the file is written to a temporary name in the same folder, flushed and
+fsync'ed, renamed over the old one with ``os.replace`` and the folder is fsync'ed, so a crash
+or a kill at any moment leaves either the old checkpoint or the new one, never half of one.
+
+Every problem found on loading raises :class:`CheckpointError` (a ``ValueError``) with one
+line naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["FORMAT_VERSION", "CheckpointError", "Checkpoint", "save_checkpoint",
+           "load_checkpoint", "atomic_write_bytes", "atomic_write_text", "dropout_layers",
+           "rng_states", "set_rng_states"]
+
+FORMAT_VERSION = 1
+JSON_KEYS = ("optimizer", "rng", "config", "options", "tokenizer", "meta")
+REQUIRED_KEYS = ("format_version", "step") + JSON_KEYS
+OPTIMIZER_KEYS = {"kind", "t", "lr", "beta1", "beta2", "eps", "weight_decay"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, foreign, truncated, of another version or inconsistent."""
+
+
+@dataclass
+class Checkpoint:
+    """The contents of a checkpoint file, decoded.
+
+    ``params``, ``adam_m`` and ``adam_v`` map dotted parameter names to arrays; ``optimizer``
+    holds Adam's scalars; ``rng`` maps a generator's name to its ``bit_generator.state``.
+    """
+
+    step: int
+    params: dict[str, np.ndarray]
+    optimizer: dict
+    adam_m: dict[str, np.ndarray]
+    adam_v: dict[str, np.ndarray]
+    rng: dict[str, dict]
+    config: dict
+    options: dict
+    tokenizer: dict | None
+    meta: dict = field(default_factory=dict)
+
+    def optimizer_state(self) -> dict:
+        """The dict ``Adam.load_state_dict`` takes."""
+        o = self.optimizer
+        return {"t": o["t"], "lr": o["lr"], "beta1": o["beta1"], "beta2": o["beta2"],
+                "eps": o["eps"], "weight_decay": o["weight_decay"],
+                "m": self.adam_m, "v": self.adam_v}
+
+
+# --------------------------------------------------------------------------------------------
+# Random generators of a model
+# --------------------------------------------------------------------------------------------
+
+def dropout_layers(module, prefix: str = "") -> dict:
+    """Every Dropout module below ``module`` by dotted name (each owns a Generator)."""
+    from .nn.layers import Dropout
+
+    found = {prefix.rstrip("."): module} if isinstance(module, Dropout) else {}
+    for name, child in module.children.items():
+        found.update(dropout_layers(child, prefix + name + "."))
+    return found
+
+
+def rng_states(generators: dict[str, np.random.Generator]) -> dict[str, dict]:
+    """``{name: generator.bit_generator.state}``: plain dicts of ints and strings (JSON-able;
+    Python's ints carry PCG64's 128-bit state exactly)."""
+    return {name: g.bit_generator.state for name, g in generators.items()}
+
+
+def set_rng_states(generators: dict[str, np.random.Generator], states: dict[str, dict],
+                   source: str = "checkpoint") -> None:
+    """Restore every generator from ``states``; the names must match exactly.
+
+    Raises
+    ------
+    CheckpointError
+        If a generator has no saved state, a saved state has no generator, or a state is not
+        one the generator's bit generator accepts.
+    """
+    missing = sorted(set(generators) - set(states))
+    unexpected = sorted(set(states) - set(generators))
+    if missing or unexpected:
+        raise CheckpointError(f"{source}: random generator states do not match the run: "
+                              f"missing {missing}, unexpected {unexpected}")
+    for name, g in generators.items():
+        try:
+            g.bit_generator.state = states[name]
+        except (TypeError, ValueError, KeyError) as e:
+            raise CheckpointError(f"{source}: bad random generator state for {name!r}: {e}") \
+                from None
+
+
+# --------------------------------------------------------------------------------------------
+# Atomic writes
+# --------------------------------------------------------------------------------------------
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (POSIX: the directory entry lives in the folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # e.g. Windows cannot open a directory; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _atomic_write(path: Path, write) -> None:
+    """Call ``write(file)`` on a temporary file beside ``path``, then rename it over ``path``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give it an ordinary file's mode
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, whole."""
+    _atomic_write(Path(path), lambda f: f.write(data))
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """:func:`atomic_write_bytes` for UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+# --------------------------------------------------------------------------------------------
+# Saving
+# --------------------------------------------------------------------------------------------
+
+def _json_array(value) -> np.ndarray:
+    return np.array(json.dumps(value, sort_keys=True))  # 0-d '<U...' array, no pickle
+
+
+def save_checkpoint(path: str | Path, *, step: int, model, optimizer, rng: dict[str, dict],
+                    config: dict, options: dict, tokenizer: dict | None,
+                    meta: dict | None = None) -> None:
+    """Write a checkpoint atomically (see the module docstring for the layout).
+
+    Parameters
+    ----------
+    path : path of the ``.npz`` file
+    step : int
+        Updates made so far.
+    model : Module
+        Its ``named_parameters`` are saved.
+    optimizer : Adam or AdamW
+        Its ``state_dict()`` is saved (moments as arrays, scalars as JSON).
+    rng : dict of str to dict
+        ``bit_generator.state`` of every generator (see :func:`rng_states`).
+    config, options, meta : dict
+        JSON-able dicts.
+    tokenizer : dict or None
+        ``CharTokenizer.to_dict()``.
+    """
+    arrays: dict[str, np.ndarray] = {"format_version": np.array(FORMAT_VERSION),
+                                     "step": np.array(int(step))}
+    for name, param, _ in model.named_parameters():
+        arrays["param." + name] = param
+    state = optimizer.state_dict()
+    for name, a in state["m"].items():
+        arrays["adam_m." + name] = a
+    for name, a in state["v"].items():
+        arrays["adam_v." + name] = a
+    scalars = {k: state[k] for k in ("t", "lr", "beta1", "beta2", "eps", "weight_decay")}
+    scalars["kind"] = type(optimizer).__name__
+    for key, value in (("optimizer", scalars), ("rng", rng), ("config", config),
+                       ("options", options), ("tokenizer", tokenizer), ("meta", meta or {})):
+        arrays[key] = _json_array(value)
+    _atomic_write(Path(path), lambda f: np.savez(f, **arrays))
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+def _decode_json(path: Path, key: str, a: np.ndarray):
+    if a.shape != () or a.dtype.kind != "U":
+        raise CheckpointError(f"{path}: entry {key!r} should be a JSON string, got "
+                              f"{a.dtype} {a.shape}")
+    try:
+        return json.loads(a.item())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: entry {key!r} is not valid JSON ({e})") from None
+
+
+def _scalar_int(path: Path, key: str, a: np.ndarray) -> int:
+    if a.shape != () or a.dtype.kind not in "iu":
+        raise CheckpointError(f"{path}: entry {key!r} should be an integer scalar, got "
+                              f"{a.dtype} {a.shape}")
+    return int(a)
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Read and check a checkpoint written by :func:`save_checkpoint`.
+
+    Only the file's own consistency is checked here (keys, version, JSON, shapes of the
+    moments against the parameters); whether it fits a model is checked when it is loaded
+    into one (``Module.load_state_dict``).
+
+    Raises
+    ------
+    CheckpointError
+        With one line naming the file and the problem: missing, not a ``.npz`` (or truncated),
+        an ``.npz`` of someone else, another format version, a missing or malformed entry.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path}: not a checkpoint (not an .npz archive, or truncated)")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            names = list(npz.files)
+            missing = [k for k in REQUIRED_KEYS if k not in names]
+            if "format_version" in missing:
+                raise CheckpointError(f"{path}: not a numpy_transformer checkpoint (no "
+                                      f"'format_version' entry)")
+            version = _scalar_int(path, "format_version", npz["format_version"])
+            if version != FORMAT_VERSION:
+                raise CheckpointError(f"{path}: checkpoint format version {version}, this "
+                                      f"version of numpy_transformer reads version "
+                                      f"{FORMAT_VERSION}")
+            if missing:
+                raise CheckpointError(f"{path}: checkpoint is missing entries {missing}")
+            arrays = {k: npz[k] for k in names}
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        # A truncated member, a pickled (object) array refused by allow_pickle=False, ...
+        raise CheckpointError(f"{path}: unreadable checkpoint ({type(e).__name__}: {e})") \
+            from None
+    step = _scalar_int(path, "step", arrays["step"])
+    decoded = {k: _decode_json(path, k, arrays[k]) for k in JSON_KEYS}
+    for k in ("optimizer", "rng", "config", "options", "meta"):
+        if not isinstance(decoded[k], dict):
+            raise CheckpointError(f"{path}: entry {k!r} should be a JSON object")
+    if set(decoded["optimizer"]) != OPTIMIZER_KEYS:
+        raise CheckpointError(f"{path}: entry 'optimizer' should have keys "
+                              f"{sorted(OPTIMIZER_KEYS)}, got {sorted(decoded['optimizer'])}")
+    groups: dict[str, dict[str, np.ndarray]] = {"param": {}, "adam_m": {}, "adam_v": {}}
+    for key, a in arrays.items():
+        if key in REQUIRED_KEYS:
+            continue
+        prefix, _, name = key.partition(".")
+        if prefix not in groups or not name:
+            raise CheckpointError(f"{path}: unexpected entry {key!r}")
+        if a.dtype not in (np.float32, np.float64):
+            raise CheckpointError(f"{path}: entry {key!r} should be float32 or float64, got "
+                                  f"{a.dtype}")
+        groups[prefix][name] = a
+    params, m, v = groups["param"], groups["adam_m"], groups["adam_v"]
+    if not params:
+        raise CheckpointError(f"{path}: checkpoint holds no parameters")
+    if set(m) != set(v) or (m and set(m) != set(params)):
+        odd = sorted((set(m) ^ set(params)) | (set(v) ^ set(params)))
+        raise CheckpointError(f"{path}: optimizer moments do not match the parameters "
+                              f"(differing names: {odd})")
+    for name in m:
+        for label, a in (("adam_m", m[name]), ("adam_v", v[name])):
+            if a.shape != params[name].shape or a.dtype != params[name].dtype:
+                raise CheckpointError(f"{path}: {label}.{name} is {a.dtype} {a.shape} but the "
+                                      f"parameter is {params[name].dtype} {params[name].shape}")
+    if (decoded["optimizer"]["t"] == 0) != (not m):
+        raise CheckpointError(f"{path}: optimizer step t={decoded['optimizer']['t']} but "
+                              f"{len(m)} moment arrays")
+    return Checkpoint(step=step, params=params, optimizer=decoded["optimizer"], adam_m=m,
+                      adam_v=v, rng=decoded["rng"], config=decoded["config"],
+                      options=decoded["options"], tokenizer=decoded["tokenizer"],
+                      meta=decoded["meta"])

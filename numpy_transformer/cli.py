@@ -1,0 +1,358 @@
+"""The ``numpy-transformer`` command: train, sample, gradcheck, bench.
+
+``numpy-transformer train`` with no arguments trains the chapter's character model (width 84,
+4 heads, 2 layers, FFN 168 ReLU, sinusoidal positions, scaled embeddings, context 100, batch
+64, Adam lr 2e-3, clipping at 1.0, float32) on the embedded corpus in about five minutes on
+two cores, and leaves ``runs/char-lm/`` with a checkpoint, the loss log, two plots and a
+sample. ``python -m numpy_transformer`` is the same command.
+
+Exit codes
+----------
+0    success (also: ``--resume`` of a run that already finished)
+1    training diverged: a non-finite loss or gradient (the step and tensor are named; the last
+     good checkpoint is left untouched); ``gradcheck``: a check failed; ``bench``: a benchmark
+     failed or none was found
+2    bad input: an option, a file, a run folder, a checkpoint. One line on stderr, no traceback,
+     nothing overwritten (unless ``--force``)
+130  training stopped by SIGINT (Ctrl-C), 143 by SIGTERM: a checkpoint was written first;
+     ``numpy-transformer train --resume RUN_DIR`` continues exactly where it stopped
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from . import __version__
+from .checkpoint import CheckpointError
+from .runs import (
+    EXIT_DIVERGED,
+    EXIT_OK,
+    EXIT_USAGE,
+    SAMPLE_LENGTH,
+    SAMPLE_TEMPERATURE,
+    TASKS,
+    UsageError,
+    checkpoint_path,
+    default_prompt,
+    model_from_checkpoint,
+    resolve_options,
+    resume_run,
+    start_run,
+)
+
+PROG = "numpy-transformer"
+BENCHMARKS = {  # name -> script in the repository's benchmarks/ (source checkouts only)
+    "attention": ("bench_attention.py",),
+    "generate": ("bench_generate.py",),
+    "train": ("bench_train_step.py", "bench_train.py", "bench_training.py", "bench_step.py"),
+}
+
+# Scripts without a --quick option get these arguments instead (a few seconds each).
+QUICK_FALLBACK = {"generate": ["--steps", "100", "--repeats", "1"]}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error instead of usage + error."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Let "--lr -1e-3" reach the value check ("expected a positive number") instead of
+        # reading "-1e-3" as an option: argparse's own pattern has no exponents.
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$", re.I)
+
+    def error(self, message: str) -> None:
+        print(f"{self.prog}: error: {message} (see '{self.prog} --help')", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+# --------------------------------------------------------------------------------------------
+# Value types: each names what it expected
+# --------------------------------------------------------------------------------------------
+
+def _number(kind, text: str, ok, expected: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not ok(value) or value != value:  # NaN fails every comparison but the last
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _number(int, text, lambda v: v > 0, "a positive integer")
+
+
+def nonneg_int(text: str) -> int:
+    return _number(int, text, lambda v: v >= 0, "an integer >= 0")
+
+
+def positive_float(text: str) -> float:
+    return _number(float, text, lambda v: 0 < v < float("inf"), "a positive number")
+
+
+def nonneg_float(text: str) -> float:
+    return _number(float, text, lambda v: 0 <= v < float("inf"), "a number >= 0")
+
+
+def dropout_rate(text: str) -> float:
+    return _number(float, text, lambda v: 0 <= v < 1, "a probability in [0, 1)")
+
+
+def top_p_value(text: str) -> float:
+    return _number(float, text, lambda v: 0 < v <= 1, "a probability in (0, 1]")
+
+
+# --------------------------------------------------------------------------------------------
+# The parser
+# --------------------------------------------------------------------------------------------
+
+TRAIN_EPILOG = """\
+examples:
+  numpy-transformer train                      # the chapter's char model, ~5 min, runs/char-lm
+  numpy-transformer train --text notes.txt --steps 3000 --out runs/notes
+  numpy-transformer train --task sort --steps 300
+  numpy-transformer train --width 16 --heads 2 --layers 1 --ffn-width 32 --context 32 \\
+      --steps 40 --out runs/tiny
+  numpy-transformer train --resume runs/tiny   # after Ctrl-C: continues bit for bit
+
+Defaults in brackets are the language model's; the synthetic tasks default to width 64,
+FFN 128, context 10 (8 for reverse), 600 steps, lr 1e-3. Ctrl-C (SIGINT) or SIGTERM writes
+a checkpoint and exits with 130 / 143; --resume continues exactly. Exit code 1 means the
+loss or a gradient went non-finite (the last good checkpoint is kept); 2 means bad input.
+"""
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog=PROG, description="A Transformer written from scratch in NumPy:\n"
+                    "train one, sample from it, check its gradients, time it.",
+                    epilog="example: numpy-transformer train   (then: numpy-transformer "
+                    "sample runs/char-lm --prompt 'def ')\n\nRun '%(prog)s COMMAND --help' "
+                    "for each command's options.",
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+    raw = argparse.RawDescriptionHelpFormatter
+
+    t = sub.add_parser("train", help="train a model (default: the char LM, ~5 minutes)",
+                       description="Train a Transformer and write a run folder:\n"
+                       "checkpoint.npz, log.jsonl, config.json, loss.png, attention.png and,\n"
+                       "for language models, sample.txt.",
+                       epilog=TRAIN_EPILOG, formatter_class=raw)
+    g = t.add_argument_group("data")
+    g.add_argument("--task", choices=TASKS, default="lm",
+                   help="lm: next-character model (DecoderLM); sort (EncoderClassifier), "
+                   "copy (DecoderLM, digit 3 back), reverse (EncoderDecoder) [lm]")
+    g.add_argument("--text", metavar="FILE", help="UTF-8 text to train the LM on "
+                   "[the embedded corpus: this library's own source]")
+    g = t.add_argument_group("model")
+    g.add_argument("--width", type=positive_int, help="residual width C [84]")
+    g.add_argument("--heads", type=positive_int, help="attention heads, must divide width [4]")
+    g.add_argument("--layers", type=positive_int, help="blocks [2]")
+    g.add_argument("--ffn-width", type=positive_int, help="feed-forward hidden width [168]")
+    g.add_argument("--context", type=positive_int, dest="max_len", metavar="T",
+                   help="window length T = max_len, the size of the position table [100]")
+    g.add_argument("--norm", choices=("layernorm", "rmsnorm"), help="[layernorm]")
+    g.add_argument("--activation", choices=("relu", "gelu", "gelu_tanh", "swiglu"),
+                   help="[relu]")
+    g.add_argument("--positions", choices=("sinusoidal", "learned", "rope", "alibi", "none"),
+                   help="[sinusoidal]")
+    g.add_argument("--post-ln", dest="norm_first", action="store_const", const=False,
+                   help="post-LN blocks as Vaswani et al. [pre-LN]")
+    g.add_argument("--dropout", type=dropout_rate, help="[0.0]")
+    g.add_argument("--dtype", choices=("float32", "float64"), help="[float32]")
+    g.add_argument("--backend", choices=("numpy", "numba"),
+                   help="attention core: NumPy reference or fused numba kernel [numpy]")
+    g = t.add_argument_group("optimisation")
+    g.add_argument("--optimizer", choices=("adam", "adamw"), help="[adam]")
+    g.add_argument("--lr", type=positive_float, help="peak learning rate [2e-3]")
+    g.add_argument("--weight-decay", type=nonneg_float, help="[0.0]")
+    g.add_argument("--warmup", type=nonneg_int, help="linear warmup steps [0]")
+    g.add_argument("--schedule", choices=("constant", "cosine"), help="[constant]")
+    g.add_argument("--clip", type=nonneg_float, help="global gradient-norm clip, 0 = off [1.0]")
+    g.add_argument("--batch", type=positive_int, help="windows per step [64]")
+    g.add_argument("--steps", type=positive_int, help="updates [1500]")
+    g.add_argument("--seed", type=nonneg_int, help="fixes the weights, the data order and "
+                   "every dropout mask [0]")
+    g.add_argument("--eval-every", type=nonneg_int, help="held-out loss every N steps, "
+                   "0 = only at the end [250]")
+    g.add_argument("--save-every", type=nonneg_int, help="checkpoint every N steps, "
+                   "0 = only at the end [100]")
+    g = t.add_argument_group("run folder")
+    g.add_argument("--out", metavar="RUN_DIR", help="where the run goes [runs/char-lm, or "
+                   "runs/TASK; if in use, a new folder with a timestamp suffix]")
+    g.add_argument("--force", action="store_true",
+                   help="reuse a non-empty --out (our files in it are replaced)")
+    g.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR "
+                   "exactly where its checkpoint left it (takes no model/optimiser options)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    s = sub.add_parser("sample", help="generate text from a trained language model",
+                       description="Continue a prompt with a trained language model.",
+                       epilog="example:\n  numpy-transformer sample runs/char-lm --prompt "
+                       "'def ' --length 400 --temperature 0.7 --top-k 20", formatter_class=raw)
+    s.add_argument("run", nargs="?", default="runs/char-lm", metavar="RUN_DIR|CHECKPOINT",
+                   help="a run folder or a checkpoint .npz [runs/char-lm]")
+    s.add_argument("--prompt", help="text to continue; every character must be in the "
+                   "model's vocabulary ['def ']")
+    s.add_argument("--length", type=positive_int, default=SAMPLE_LENGTH,
+                   help=f"characters to generate [{SAMPLE_LENGTH}]")
+    s.add_argument("--temperature", type=positive_float, default=SAMPLE_TEMPERATURE,
+                   help=f"divides the logits; < 1 is more conservative [{SAMPLE_TEMPERATURE}]")
+    s.add_argument("--top-k", type=positive_int, help="keep the k most likely tokens")
+    s.add_argument("--top-p", type=top_p_value, help="keep the smallest set of tokens with "
+                   "this much probability (nucleus sampling)")
+    s.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    s.add_argument("--seed", type=nonneg_int, default=0, help="sampling seed [0]")
+
+    c = sub.add_parser("gradcheck", help="check every hand-written backward by finite "
+                       "differences", description="Print the gradient-check tables: each "
+                       "named tensor's worst error of the backward against central "
+                       "differences in float64. Exit code 1 if any check fails.",
+                       epilog="examples:\n  numpy-transformer gradcheck\n  "
+                       "numpy-transformer gradcheck --list\n  numpy-transformer gradcheck "
+                       "NAME [NAME ...] --tol 1e-7", formatter_class=raw)
+    c.add_argument("names", nargs="*", metavar="NAME", help="pieces to check [all]; see --list")
+    c.add_argument("--tol", type=positive_float, default=1e-6,
+                   help="largest relative error accepted [1e-6]")
+    c.add_argument("--list", action="store_true", help="list the names and exit")
+
+    b = sub.add_parser("bench", help="quick benchmarks (attention, generation, a training "
+                       "step)", description="Run the quick form of the benchmark scripts in "
+                       "the repository's benchmarks/ folder (a source checkout).",
+                       epilog="examples:\n  numpy-transformer bench\n  numpy-transformer "
+                       "bench attention train", formatter_class=raw)
+    b.add_argument("names", nargs="*", metavar="NAME",
+                   help=f"which benchmarks, of {', '.join(BENCHMARKS)} [all]")
+    return parser
+
+
+# --------------------------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------------------------
+
+MODEL_AND_TRAIN_DESTS = ("text", "width", "heads", "layers", "ffn_width", "max_len", "norm",
+                         "activation", "positions", "norm_first", "dropout", "dtype",
+                         "backend", "optimizer", "lr", "weight_decay", "warmup", "schedule",
+                         "clip", "batch", "steps", "seed", "eval_every", "save_every")
+
+
+def cmd_train(args) -> int:
+    given = {k: getattr(args, k) for k in MODEL_AND_TRAIN_DESTS}
+    if args.resume is not None:
+        extra = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
+        if args.task != "lm" or args.out or args.force:
+            extra += [flag for flag, on in (("--task", args.task != "lm"), ("--out", args.out),
+                                            ("--force", args.force)) if on]
+        if extra:
+            raise UsageError(f"--resume continues a run exactly as it was configured; drop "
+                             f"{' '.join(extra)}")
+        return resume_run(args.resume, progress=not args.quiet)
+    config_fields, options = resolve_options(args.task, given)
+    return start_run(config_fields, options, args.out, args.force, progress=not args.quiet)
+
+
+def cmd_sample(args) -> int:
+    from .generate import generate
+    from .nn import DecoderLM
+
+    path = checkpoint_path(args.run)
+    model, tokenizer, _ = model_from_checkpoint(path)
+    if tokenizer is None or not isinstance(model, DecoderLM):
+        raise UsageError(f"{path}: sample needs a character language model (a --task lm run)")
+    prompt = default_prompt(tokenizer) if args.prompt is None else args.prompt
+    if not prompt:
+        raise UsageError("--prompt is empty; give at least one character")
+    try:
+        ids = tokenizer.encode(prompt)
+    except ValueError as e:
+        raise UsageError(f"--prompt: {e.args[0].split('; pass')[0]}") from None
+    import numpy as np
+
+    out = generate(model, ids, args.length, np.random.default_rng(args.seed),
+                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   greedy=args.greedy)
+    print(tokenizer.decode(out), flush=True)
+    return EXIT_OK
+
+
+def cmd_gradcheck(args) -> int:
+    from . import report
+
+    if not hasattr(report, "run_report"):
+        print(f"{PROG}: error: this version's numpy_transformer.report has no run_report",
+              file=sys.stderr)
+        return EXIT_USAGE
+    valid = list(getattr(report, "REPORT_NAMES", []))
+    if args.list:
+        print("\n".join(valid))
+        return EXIT_OK
+    unknown = [n for n in args.names if valid and n not in valid]
+    if unknown:
+        raise UsageError(f"unknown gradcheck name(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join(valid)}")
+    if report.run_report(args.names or None, tol=args.tol):
+        return EXIT_OK
+    print(f"{PROG}: gradient checks FAILED (tolerance {args.tol:g})", file=sys.stderr)
+    return EXIT_DIVERGED
+
+
+def find_benchmarks(root: Path | None = None) -> dict[str, Path | None]:
+    """Each benchmark's script in ``root`` (default: the repository's benchmarks/), or None."""
+    root = Path(__file__).resolve().parent.parent / "benchmarks" if root is None else root
+    found = {}
+    for name, candidates in BENCHMARKS.items():
+        found[name] = next((root / c for c in candidates if (root / c).is_file()), None)
+    return found
+
+
+def cmd_bench(args, root: Path | None = None) -> int:
+    unknown = [n for n in args.names if n not in BENCHMARKS]
+    if unknown:
+        raise UsageError(f"unknown benchmark(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join(BENCHMARKS)}")
+    scripts = find_benchmarks(root)
+    names = args.names or list(BENCHMARKS)
+    ran = failed = 0
+    for name in names:
+        script = scripts[name]
+        if script is None:
+            print(f"bench {name}: no script ({' or '.join(BENCHMARKS[name])}) in the "
+                  f"benchmarks/ folder of a source checkout; skipped", flush=True)
+            continue
+        quick = ["--quick"] if "--quick" in script.read_text(encoding="utf-8") \
+            else QUICK_FALLBACK.get(name, [])
+        print(f"== bench {name}: {script.name} {' '.join(quick)}", flush=True)
+        code = subprocess.call([sys.executable, str(script), *quick])
+        ran += 1
+        if code:
+            failed += 1
+            print(f"bench {name}: exited with code {code}", file=sys.stderr, flush=True)
+    if not ran:
+        print(f"{PROG}: error: no benchmark found (they live in benchmarks/ of the "
+              f"source repository)", file=sys.stderr)
+    return EXIT_OK if ran and not failed else EXIT_DIVERGED
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``numpy-transformer`` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    command = {"train": cmd_train, "sample": cmd_sample, "gradcheck": cmd_gradcheck,
+               "bench": cmd_bench}[args.command]
+    try:
+        return command(args)
+    except (UsageError, CheckpointError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
