@@ -1,0 +1,155 @@
+"""Weight exchange with PyTorch: our parameters under the names and layouts of ``torch.nn``.
+
+The PyTorch side is the twin of every model in ``reference_checks/twins.py``: a
+``torch.nn.Module`` tree whose children carry exactly our child names (``decoder.blocks.0.attn``,
+``...ffn.up``, ``head``), built from standard layers (``nn.Linear``, ``nn.Embedding``,
+``nn.LayerNorm``, ``nn.RMSNorm``). Only the last part of each name, and the layout of the
+linear weights, follow PyTorch's conventions:
+
+===================  =========================  ==============================  =========
+our module           our name (shape)           torch name (shape)              layout
+===================  =========================  ==============================  =========
+Linear               ``w`` (C_in, C_out)        ``weight`` (C_out, C_in)        transpose
+Linear               ``b`` (C_out,)             ``bias`` (C_out,)               same
+Embedding            ``table`` (V, C)           ``weight`` (V, C)               same
+LearnedPositions     ``table`` (max_len, C)     ``weight`` (max_len, C)         same
+LayerNorm            ``w``, ``b`` (C,)          ``weight``, ``bias`` (C,)       same
+RMSNorm              ``w`` (C,)                 ``weight`` (C,)                 same
+MultiHeadAttention   ``wq`` (C, C)              ``q_proj.weight`` (C, C)        transpose
+MultiHeadAttention   ``bq`` (C,)                ``q_proj.bias`` (C,)            same
+MultiHeadAttention   ``wk``, ``bk``             ``k_proj.weight``, ``.bias``    as q
+MultiHeadAttention   ``wv``, ``bv``             ``v_proj.weight``, ``.bias``    as q
+MultiHeadAttention   ``wo``, ``bo``             ``out_proj.weight``, ``.bias``  as q
+===================  =========================  ==============================  =========
+
+Queries, keys and values keep three separate ``nn.Linear`` projections (as Hugging Face's
+LLaMA port does), not the fused ``in_proj_weight`` of ``nn.MultiheadAttention``:
+one of our matrices is then one torch matrix, transposed. (To fill an ``nn.MultiheadAttention``
+instead, concatenate: ``in_proj_weight = cat(wq.T, wk.T, wv.T)``, see ``docs/pytorch.md``.)
+
+A tied head (``tie_embeddings``) owns no parameter on either side: the table is exported once,
+under the decoder's token embedding. Buffers (sinusoidal table, RoPE angles) are formulas and
+are exported by neither side.
+
+This module does not import torch: it hands out and takes NumPy arrays, and accepts torch
+tensors by converting them with ``np.asarray(t.detach().cpu())``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+from .nn.attention import MultiHeadAttention
+from .nn.layers import Embedding, LayerNorm, Linear, RMSNorm
+from .nn.module import Module
+from .nn.positional import LearnedPositions
+
+__all__ = ["torch_names", "to_torch_state_dict", "from_torch_state_dict"]
+
+# (our module type, our parameter name) -> (torch name relative to the module, transpose?)
+_LEAVES: dict[type, dict[str, tuple[str, bool]]] = {
+    Linear: {"w": ("weight", True), "b": ("bias", False)},
+    Embedding: {"table": ("weight", False)},
+    LearnedPositions: {"table": ("weight", False)},
+    LayerNorm: {"w": ("weight", False), "b": ("bias", False)},
+    RMSNorm: {"w": ("weight", False)},
+    MultiHeadAttention: {
+        "wq": ("q_proj.weight", True), "bq": ("q_proj.bias", False),
+        "wk": ("k_proj.weight", True), "bk": ("k_proj.bias", False),
+        "wv": ("v_proj.weight", True), "bv": ("v_proj.bias", False),
+        "wo": ("out_proj.weight", True), "bo": ("out_proj.bias", False),
+    },
+}
+
+
+def _walk(module: Module, prefix: str = "") -> Iterator[tuple[str, Module, str]]:
+    """Yield ``(prefix, module, param name)`` in the order of ``named_parameters``."""
+    for name in module.params:
+        yield prefix, module, name
+    for child_name, child in module.children.items():
+        yield from _walk(child, prefix + child_name + ".")
+
+
+def torch_names(model: Module) -> dict[str, tuple[str, bool]]:
+    """Map each of our dotted parameter names to ``(torch name, transposed)``.
+
+    Parameters
+    ----------
+    model : Module
+        Any module of ``numpy_transformer.nn`` (a layer, a block or a whole model).
+
+    Returns
+    -------
+    names : dict of str to (str, bool)
+        ``{"decoder.blocks.0.attn.wq": ("decoder.blocks.0.attn.q_proj.weight", True), ...}``
+        in the order of ``model.named_parameters()``. ``True`` means the torch array is the
+        transpose of ours.
+
+    Raises
+    ------
+    ValueError
+        If a module type with parameters has no PyTorch counterpart in the table above.
+    """
+    names = {}
+    for prefix, module, name in _walk(model):
+        leaves = _LEAVES.get(type(module))
+        if leaves is None or name not in leaves:
+            raise ValueError(f"no PyTorch name for parameter {prefix + name!r} of "
+                             f"{type(module).__name__}")
+        torch_leaf, transpose = leaves[name]
+        names[prefix + name] = (prefix + torch_leaf, transpose)
+    return names
+
+
+def to_torch_state_dict(model: Module) -> dict[str, np.ndarray]:
+    """The model's parameters as NumPy arrays under the twin's torch names and layouts.
+
+    Returns
+    -------
+    state : dict of str to ndarray
+        New C-contiguous arrays (linear weights transposed to (C_out, C_in)); load them into
+        the twin with ``twin.load_state_dict({k: torch.from_numpy(a) for k, a in
+        state.items()})``.
+    """
+    params = {name: p for name, p, _ in model.named_parameters()}
+    return {torch_name: np.ascontiguousarray(params[ours].T if transpose else params[ours])
+            for ours, (torch_name, transpose) in torch_names(model).items()}
+
+
+def _as_numpy(value: object) -> np.ndarray:
+    """A NumPy array from an array or a torch tensor (duck-typed: no torch import here)."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu()
+    return np.asarray(value)
+
+
+def from_torch_state_dict(model: Module, state: Mapping[str, object]) -> None:
+    """Copy a torch-named state dict into ``model``, in place (the inverse of
+    :func:`to_torch_state_dict`).
+
+    Parameters
+    ----------
+    model : Module
+    state : dict of str to ndarray or torch.Tensor
+        As returned by ``twin.state_dict()`` or :func:`to_torch_state_dict`. Values are cast
+        to each parameter's dtype.
+
+    Raises
+    ------
+    ValueError
+        If a key is missing or unexpected, or a shape does not match (nothing is copied then).
+    """
+    names = torch_names(model)
+    wanted = {torch_name for torch_name, _ in names.values()}
+    missing = sorted(wanted - set(state))
+    unexpected = sorted(set(state) - wanted)
+    if missing or unexpected:
+        raise ValueError(f"torch state dict does not match the model: missing keys {missing}, "
+                         f"unexpected keys {unexpected}")
+    ours = {}
+    for our_name, (torch_name, transpose) in names.items():
+        array = _as_numpy(state[torch_name])
+        ours[our_name] = array.T if transpose else array
+    model.load_state_dict(ours)  # checks every shape before copying anything

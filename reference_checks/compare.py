@@ -1,0 +1,103 @@
+"""Comparing our forward and backward with a PyTorch twin, tensor by tensor, by name.
+
+The relative error of a tensor is ``max |ours - torch| / max(max |ours|, max |torch|)``, the
+measure of ``numpy_transformer.gradcheck``: the worst entry error against the tensor's own
+scale. A gradient that is zero in theory (an attention key bias without RoPE: softmax ignores
+a shift shared by a whole row) is pure rounding noise on both sides; it is measured against
+the scale of the module's other gradients instead of its own.
+
+Every comparison is recorded in :data:`WORST` by (family, dtype); ``conftest.py`` prints the
+table at the end of a run.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from numpy_transformer.nn.attention import zero_gradient_names
+
+TOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 1e-5}
+WORST: dict[tuple[str, str], tuple[float, str]] = defaultdict(lambda: (0.0, ""))
+
+
+def rel_err(ours, ref, scale: float | None = None) -> float:
+    """``max |ours - ref| / scale``, the scale defaulting to the larger of the two max-abs."""
+    ours = np.asarray(ours, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if ours.shape != ref.shape:
+        raise AssertionError(f"shape {ours.shape} differs from PyTorch's {ref.shape}")
+    if scale is None:
+        scale = max(np.abs(ours).max(initial=0.0), np.abs(ref).max(initial=0.0))
+    return 0.0 if scale == 0 else float(np.abs(ours - ref).max(initial=0.0) / scale)
+
+
+def assert_close(family: str, name: str, ours, ref, dtype, tol: float | None = None,
+                 scale: float | None = None) -> float:
+    """Assert ``rel_err(ours, ref) <= tol`` (default by dtype), naming the tensor; record it."""
+    dtype = np.dtype(dtype)
+    tol = TOL[dtype] if tol is None else tol
+    err = rel_err(ours, ref, scale)
+    key = (family, dtype.name)
+    if err > WORST[key][0]:
+        WORST[key] = (err, name)
+    assert err <= tol, (f"[{family} {dtype.name}] {name}: relative error {err:.3e} exceeds "
+                        f"{tol:.0e} (shape {np.shape(ours)})")
+    return err
+
+
+def _torch_arg(a, twins, grad: bool):
+    if isinstance(a, np.ndarray):
+        return twins.to_torch(a, requires_grad=grad and a.dtype.kind == "f")
+    return a
+
+
+def check_module(family: str, module, args: tuple, kwargs: dict | None = None, *,
+                 seed: int = 0, tol: float | None = None, grad_args: tuple[str, ...] = ()):
+    """Forward ours and the twin on the same inputs, backward a random upstream gradient G,
+    and compare the output, the gradient of every float input and of every parameter.
+
+    Parameters
+    ----------
+    family : str
+        Label for the failure message and the summary table.
+    module : Module
+        Ours; its twin is built by ``twins.twin_of`` (weights copied).
+    args : tuple
+        Positional inputs (NumPy arrays or None). Float arrays get gradients, compared with
+        what ``module.backward`` returns (an array, a tuple in argument order, or None).
+    kwargs : dict, optional
+        Keyword inputs (masks, lengths), given to both sides; never differentiated.
+    grad_args : tuple of str
+        Names of the float positional inputs, for the messages.
+    """
+    from . import twins
+
+    kwargs = kwargs or {}
+    twin = twins.twin_of(module)
+    dtype = twins.dtype_of(module)
+    out = module(*args, **kwargs)
+    g = np.random.default_rng(seed).standard_normal(out.shape).astype(out.dtype)
+    module.zero_grad()
+    dins = module.backward(g)
+    dins = () if dins is None else (dins,) if isinstance(dins, np.ndarray) else tuple(dins)
+
+    targs = [_torch_arg(a, twins, grad=True) for a in args]
+    tkwargs = {k: _torch_arg(v, twins, grad=False) for k, v in kwargs.items()}
+    tout = twin(*targs, **tkwargs)
+    (tout * twins.to_torch(g)).sum().backward()
+
+    assert_close(family, "output", out, tout.detach().numpy(), dtype, tol)
+    float_targs = [t for t in targs if hasattr(t, "requires_grad") and t.requires_grad]
+    assert len(dins) == len(float_targs), "backward returned a different number of gradients"
+    names = grad_args or tuple(f"input {i}" for i in range(len(dins)))
+    for name, d, t in zip(names, dins, float_targs, strict=True):
+        assert_close(family, "d" + name, d, t.grad.numpy(), dtype, tol)
+    pairs = list(twins.gradient_pairs(module, twin))
+    zero = zero_gradient_names(module)
+    scale = max((np.abs(tg).max(initial=0.0) for _, _, tg in pairs), default=0.0)
+    for name, ours, theirs in pairs:
+        assert_close(family, "d" + name, ours, theirs, dtype, tol,
+                     scale=scale if name in zero else None)
+    return out, tout
