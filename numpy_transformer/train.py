@@ -24,8 +24,21 @@ from typing import NamedTuple
 import numpy as np
 
 from .data import get_batch
-from .functional.softmax import cross_entropy_backward, cross_entropy_forward
+from .functional import softmax as numpy_softmax
 from .optim import clip_grad_norm
+
+
+def loss_backend(name: str):
+    """``(cross_entropy_forward, cross_entropy_backward)`` of the backend ``"numpy"`` (the
+    readable reference in ``functional/softmax.py``) or ``"numba"`` (the fused kernel in
+    ``kernels/softmax.py``, same contract)."""
+    if name == "numba":
+        from .kernels import softmax as numba_softmax  # lazy: compiles on first import
+
+        return numba_softmax.cross_entropy_forward, numba_softmax.cross_entropy_backward
+    if name == "numpy":
+        return numpy_softmax.cross_entropy_forward, numpy_softmax.cross_entropy_backward
+    raise ValueError(f"backend must be one of ('numpy', 'numba'), got {name!r}")
 
 
 class Batch(NamedTuple):
@@ -85,11 +98,17 @@ class Trainer:
         return {n: p for n, p, _ in named}, {n: g for n, _, g in named}
 
     def loss_and_grads(self, batch: Batch) -> float:
-        """Forward, mean cross-entropy over the counted targets, and backward into the grads."""
+        """Forward, mean cross-entropy over the counted targets, and backward into the grads.
+
+        The loss runs on the model's backend (``model.config.backend``; "numpy" for a model
+        without a config).
+        """
+        backend = getattr(getattr(self.model, "config", None), "backend", "numpy")
+        loss_forward, loss_backward = loss_backend(backend)
         logits = self.model.forward(*batch.inputs)  # (B, T, V)
-        loss, cache = cross_entropy_forward(logits, batch.targets, mask=batch.mask)
+        loss, cache = loss_forward(logits, batch.targets, mask=batch.mask)
         self.model.zero_grad()
-        self.model.backward(cross_entropy_backward(1.0, cache))
+        self.model.backward(loss_backward(1.0, cache))
         return loss
 
     def step(self, batch: Batch) -> StepRecord:

@@ -18,10 +18,19 @@ How the work is split
 Queries are cut into blocks of ``_BLOCK_Q`` rows. For one (batch, head) pair and one query block
 the forward pass does::
 
-    s   = q_blk k^T                        (n, T_k)  one BLAS call   (1)
-    s   = s * scale + bias, masked -> -inf            row by row      (2) (3)
-    p   = exp(s - max) / sum                          row by row      (4)
-    out = p v                              (n, D)    one BLAS call   (5)
+    s   = (q_blk * scale) k^T              (n, T_k)  one BLAS call   (1)
+    s   = s + bias, masked -> -inf                    row by row      (2) (3)
+    e   = exp(s - max),  z = sum e                    row by row      (4)
+    out = (e v) / z                        (n, D)    one BLAS call   (5)
+    lse = max + log z                      (n,)      kept for the backward pass
+
+and the backward pass, for the same block, with delta_i = sum_d dout_id out_id::
+
+    s   = (q_blk * scale) k^T              (n, T_k)  recomputed      (1)-(3)
+    p   = exp(s - lse)                                row by row      (4)
+    dp  = dout_blk v^T                     (n, T_k)                  (5)
+    ds  = p * (dp - delta)                            row by row      (4)
+    dv += p^T dout_blk,  dk += ds^T (q_blk * scale),  dq_blk = ds k * scale   (5), (1)
 
 A causal mask is never materialised: query ``i`` sees keys ``j < kend(i) = i + 1 + T_k - T_q``,
 so the block stops at its last row's ``kend`` and the upper triangle is skipped, not computed
@@ -30,8 +39,11 @@ sequence's length). Any other boolean mask is read element by element.
 
 The forward pass runs in parallel over (batch*head, query block) pairs. The backward pass runs
 in parallel over (batch*head, chunk) pairs, where each chunk owns private dk and dv
-accumulators, so no two threads ever add into the same memory; chunks exist only when there
-are fewer (batch, head) pairs than threads, and their partial sums are added at the end.
+accumulators, so no two threads ever add into the same memory; a head is split into several
+chunks of query blocks only when there are too few heads to keep every thread busy, and the
+chunks' partial sums are added at the end. Work items are handed out one at a time
+(``numba.parallel_chunksize(1)``), so that the long rows at the bottom of a causal triangle do
+not all land on one thread.
 
 ``exp`` is written out (range reduction + polynomial) because without Intel's SVML library
 Numba calls libm's scalar ``exp`` once per element, which would dominate the run time for
@@ -62,10 +74,13 @@ from numba.extending import overload
 from ..functional.attention import check_attention_inputs
 from ..functional.masks import causal_mask
 
-# Query rows per block. One block's scores (n, T_k) and, in backward, its probabilities and
-# their gradients (two more such buffers) should stay in the 1-2 MB per-core L2 cache up to
-# T_k = 2048; 64 rows also make the q_blk k^T product large enough for BLAS to be efficient.
-_BLOCK_Q = 64
+# Query rows per block. Measured on the benchmark machine (2 MiB L2 per core, T up to 2048):
+# 128 rows were best overall among 32, 64, 128, 192 and 256 (64 is 5-20% slower: BLAS is less
+# efficient on the shorter products; 256 is ~5% faster at D = 64 but slower at D = 16 and
+# under a causal mask). One block's scores, (128, 2048) float32, take 1 MiB. Under a causal
+# mask a block computes its rectangle up to its last row's keys, so the hidden triangle it
+# computes and discards is 128 * 128 / 2 scores per block.
+_BLOCK_Q = 128
 
 _JIT = dict(cache=True, fastmath=False, nogil=True)
 
@@ -169,8 +184,10 @@ def _exp_shifted_f32(x, n, shift, tmp):
     # and a polynomial of degree 7, enough for float32's 24-bit mantissa
     bits = tmp.view(np.int32)
     lo = np.float32(-87.0)
+    shift_hi = np.float32(shift)  # shift = shift_hi + shift_lo keeps a float64 shift's
+    shift_lo = np.float32(shift - shift_hi)  # precision in float32 arithmetic
     for j in range(n):
-        y = max(np.float32(x[j] - shift), lo)
+        y = max((x[j] - shift_hi) - shift_lo, lo)
         t = np.floor(y * np.float32(1.4426950408889634) + np.float32(0.5))
         r = (y - t * np.float32(0.693359375)) - t * np.float32(-2.12194440e-4)
         x[j] = np.float32(1.0) + r * (np.float32(1.0) + r * (np.float32(1 / 2) + r * (
@@ -199,11 +216,9 @@ def _key_end(i, b, t_q, t_k, causal, kv_len):
 
 
 @njit(**_JIT)
-def _scores_row(row, kend, b, h, i, scale, mask, mstr, has_mask, bias, bstr, has_bias):
-    # (1)-(3) in place on one row of q k^T: s = s * scale + bias; s = -inf where masked.
-    # row: (k_hi,) raw scores of query i; keys from kend on are hidden (causal, padding)
-    for j in range(kend):
-        row[j] *= scale
+def _scores_row(row, kend, b, h, i, mask, mstr, has_mask, bias, bstr, has_bias):
+    # (2)-(3) in place on one row of (q * scale) k^T: s += bias; s = -inf where masked.
+    # row: (k_hi,) scores of query i; keys from kend on are hidden (causal, padding)
     if has_bias:
         base = b * bstr[0] + h * bstr[1] + i * bstr[2]
         for j in range(kend):
@@ -222,43 +237,58 @@ def _scores_row(row, kend, b, h, i, scale, mask, mstr, has_mask, bias, bstr, has
 
 @njit(parallel=True, **_JIT)
 def _sdpa_forward_kernel(q, k, v, scale, heads, causal, kv_len,
-                         mask, mstr, has_mask, bias, bstr, has_bias, out, lse):
+                         mask, mstr, has_mask, bias, bstr, has_bias, n_threads, out, lse):
     # Equations (1)-(5) of functional/attention.sdpa_forward, one query block per work item.
     # q: (BH, T_q, D), k, v: (BH, T_k, D) -> out: (BH, T_q, D), lse: (BH, T_q) float64
     n_bh, t_q, d = q.shape
     t_k = k.shape[1]
     n_blk = (t_q + _BLOCK_Q - 1) // _BLOCK_Q
+    # scratch, one row per thread (n_threads = numba.get_num_threads(), passed in because a
+    # compiled function asking for it could not be cached on disk), reused by every block the
+    # thread takes: allocating a block's buffers inside the loop made the OS hand out, and
+    # zero, fresh pages for every block, which cost a third of the backward pass's time
+    s_scratch = np.empty((n_threads, _BLOCK_Q * t_k), q.dtype)  # one block's scores
+    tmp_scratch = np.empty((n_threads, t_k), q.dtype)
+    qs_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)
+    o_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)
+    inv_z_scratch = np.empty((n_threads, _BLOCK_Q))
+    acc_scratch = np.empty((n_threads, 8))
     for item in prange(n_bh * n_blk):
         bh, blk = item // n_blk, item % n_blk
         b, h = bh // heads, bh % heads
         i0 = blk * _BLOCK_Q
         i1 = min(i0 + _BLOCK_Q, t_q)
+        n = i1 - i0
         # rows' visible key ranges only grow with i, so the last row's bounds the block's
         k_hi = _key_end(i1 - 1, b, t_q, t_k, causal, kv_len)
         if k_hi == 0:
             out[bh, i0:i1] = 0.0
             lse[bh, i0:i1] = -np.inf
             continue
-        e = np.dot(q[bh, i0:i1], k[bh, :k_hi].T)  # (1) s = q k^T  (n, k_hi)
-        tmp = np.empty(k_hi, q.dtype)
-        acc = np.empty(8)
-        inv_z = np.zeros(i1 - i0)  # (n,) 1 / sum_j e_ij, 0 for a fully masked row
-        for r in range(i1 - i0):
+        tid = numba.get_thread_id()
+        qs = qs_scratch[tid, :n * d].reshape((n, d))  # (n, D)
+        np.multiply(q[bh, i0:i1], scale, qs)  # q * scale
+        e = s_scratch[tid, :n * k_hi].reshape((n, k_hi))  # (n, k_hi)
+        np.dot(qs, k[bh, :k_hi].T, e)  # (1) s = q k^T * scale
+        tmp, acc, inv_z = tmp_scratch[tid], acc_scratch[tid], inv_z_scratch[tid]
+        for r in range(n):
             i = i0 + r
             row = e[r]
             kend = min(_key_end(i, b, t_q, t_k, causal, kv_len), k_hi)
-            _scores_row(row, kend, b, h, i, scale, mask, mstr, has_mask, bias, bstr, has_bias)
+            _scores_row(row, kend, b, h, i, mask, mstr, has_mask, bias, bstr, has_bias)
             m = _row_max(row, kend, acc)  # (4) softmax, stabilised by the row max
             if m == -np.inf:  # every key masked: p = 0 and out = 0
                 row[:] = 0.0
                 lse[bh, i] = -np.inf
+                inv_z[r] = 0.0
                 continue
             exp_shifted(row, k_hi, m, tmp)  # e = exp(s - m), 0 where masked
             z = _row_sum(row, kend, acc)
             lse[bh, i] = m + math.log(z)
             inv_z[r] = 1.0 / z
-        o = np.dot(e, v[bh, :k_hi])  # (5) out = p v = (e v) / z  (n, D)
-        for r in range(i1 - i0):
+        o = o_scratch[tid, :n * d].reshape((n, d))
+        np.dot(e, v[bh, :k_hi], o)  # (5) out = p v = (e v) / z  (n, D)
+        for r in range(n):
             out[bh, i0 + r] = o[r] * inv_z[r]
 
 
@@ -268,7 +298,8 @@ def _sdpa_forward_kernel(q, k, v, scale, heads, causal, kv_len,
 
 @njit(parallel=True, **_JIT)
 def _sdpa_backward_kernel(dout, q, k, v, delta, lse, scale, heads, causal, kv_len,
-                          mask, mstr, has_mask, bias, bstr, has_bias, dq, dk_part, dv_part):
+                          mask, mstr, has_mask, bias, bstr, has_bias, n_threads,
+                          dq, dk_part, dv_part):
     # Backward of (5)-(1) with p rebuilt from lse; mirrors functional/attention.sdpa_backward.
     # dout, q: (BH, T_q, D); k, v: (BH, T_k, D); delta, lse: (BH, T_q) float64
     # -> dq: (BH, T_q, D); dk_part, dv_part: (BH, n_chunks, T_k, D) partial sums per chunk
@@ -276,9 +307,17 @@ def _sdpa_backward_kernel(dout, q, k, v, delta, lse, scale, heads, causal, kv_le
     t_k = k.shape[1]
     n_chunks = dk_part.shape[1]
     n_blk = (t_q + _BLOCK_Q - 1) // _BLOCK_Q
+    # scratch, one row per thread (see the forward)
+    p_scratch = np.empty((n_threads, _BLOCK_Q * t_k), q.dtype)
+    ds_scratch = np.empty((n_threads, _BLOCK_Q * t_k), q.dtype)
+    tmp_scratch = np.empty((n_threads, t_k), q.dtype)
+    qs_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)
+    dq_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)
+    kd_scratch = np.empty((n_threads, t_k * d), q.dtype)
     for item in prange(n_bh * n_chunks):
         bh, c = item // n_chunks, item % n_chunks
         b, h = bh // heads, bh % heads
+        tid = numba.get_thread_id()
         dk_acc = dk_part[bh, c]  # (T_k, D), written by this work item only
         dv_acc = dv_part[bh, c]
         dk_acc[:] = 0.0
@@ -288,16 +327,20 @@ def _sdpa_backward_kernel(dout, q, k, v, delta, lse, scale, heads, causal, kv_le
         for blk in range(c, n_blk, n_chunks):
             i0 = blk * _BLOCK_Q
             i1 = min(i0 + _BLOCK_Q, t_q)
+            n = i1 - i0
             k_hi = _key_end(i1 - 1, b, t_q, t_k, causal, kv_len)
             if k_hi == 0:
                 dq[bh, i0:i1] = 0.0
                 continue
-            q_blk = q[bh, i0:i1]  # (n, D)
+            qs = qs_scratch[tid, :n * d].reshape((n, d))  # (n, D)
+            np.multiply(q[bh, i0:i1], scale, qs)  # q * scale
             do_blk = dout[bh, i0:i1]  # (n, D)
-            p = np.dot(q_blk, k[bh, :k_hi].T)  # (1) s = q k^T, recomputed  (n, k_hi)
-            ds = np.dot(do_blk, v[bh, :k_hi].T)  # (5) out = p v  =>  dp = dout v^T
-            tmp = np.empty(k_hi, q.dtype)
-            for r in range(i1 - i0):
+            p = p_scratch[tid, :n * k_hi].reshape((n, k_hi))
+            np.dot(qs, k[bh, :k_hi].T, p)  # (1) s = q k^T * scale, again  (n, k_hi)
+            ds = ds_scratch[tid, :n * k_hi].reshape((n, k_hi))
+            np.dot(do_blk, v[bh, :k_hi].T, ds)  # (5) out = p v  =>  dp = dout v^T
+            tmp = tmp_scratch[tid]
+            for r in range(n):
                 i = i0 + r
                 prow, dsrow = p[r], ds[r]
                 if lse[bh, i] == -np.inf:  # fully masked row: p = 0, every gradient is 0
@@ -305,27 +348,31 @@ def _sdpa_backward_kernel(dout, q, k, v, delta, lse, scale, heads, causal, kv_le
                     dsrow[:] = 0.0
                     continue
                 kend = min(_key_end(i, b, t_q, t_k, causal, kv_len), k_hi)
-                _scores_row(prow, kend, b, h, i, scale, mask, mstr, has_mask,
-                            bias, bstr, has_bias)
+                _scores_row(prow, kend, b, h, i, mask, mstr, has_mask, bias, bstr, has_bias)
                 exp_shifted(prow, k_hi, lse[bh, i], tmp)  # (4) p = exp(s - lse)
                 # (4) p = softmax(s)  =>  ds = p * (dp - delta),
                 #     delta = sum_j dp_j p_j = sum_d dout_d out_d   (p = 0 masked: ds = 0)
-                delta_i = delta[bh, i]
+                delta_i = q.dtype.type(delta[bh, i])
                 for j in range(k_hi):
                     dsrow[j] = prow[j] * (dsrow[j] - delta_i)
+            kd = kd_scratch[tid, :k_hi * d].reshape((k_hi, d))  # this block's share of dk, dv
             # (5) out = p v  =>  dv = p^T dout
-            dv_acc[:k_hi] += np.dot(p.T, do_blk)
+            np.dot(p.T, do_blk, kd)
+            dv_acc[:k_hi] += kd
             # (3), (2) masking and the constant bias pass ds through unchanged
             # (1) s = q k^T * scale  =>  dq = ds k * scale,  dk = ds^T q * scale
-            dq[bh, i0:i1] = np.dot(ds, k[bh, :k_hi]) * scale
-            dk_acc[:k_hi] += np.dot(ds.T, q_blk) * scale
+            np.dot(ds.T, qs, kd)  # qs holds q * scale
+            dk_acc[:k_hi] += kd
+            dq_blk = dq_scratch[tid, :n * d].reshape((n, d))
+            np.dot(ds, k[bh, :k_hi], dq_blk)
+            np.multiply(dq_blk, scale, dq[bh, i0:i1])
 
 
 # ---------------------------------------------------------------------------------------------
 # Python wrappers: validation, mask analysis, the public contract
 # ---------------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=4)
 def _causal(t_q: int, t_k: int) -> np.ndarray:
     m = causal_mask(t_q, t_k)
     m.flags.writeable = False
@@ -337,33 +384,38 @@ def _as_4d(x: np.ndarray) -> np.ndarray:
 
 
 def _analyse_mask(mask, b: int, t_q: int, t_k: int):
-    """Split a boolean mask into what the kernel can skip and what it must read.
+    """Split a boolean mask into what the kernel can skip and what it must read element-wise.
 
-    Returns ``(causal, kv_len, rest)``: the mask equals ``causal_mask(t_q, t_k)`` (if
-    ``causal``) AND ``key j < kv_len[b]``, and then ``rest`` is ``None``; otherwise
-    ``causal = False``, ``kv_len = t_k`` for all b and ``rest`` is the mask itself (4-D).
-    Recognising the structure costs one pass over the mask, which is small next to attention.
+    Returns ``(causal, kv_len, rest)``. Either the mask is ``causal_mask(t_q, t_k)`` (when
+    ``causal``) AND ``key j < kv_len[b]`` -- what ``causal_mask``, ``key_padding_mask`` and
+    ``combine_masks`` build -- and ``rest`` is ``None``; or ``causal`` is False,
+    ``kv_len[b] = t_k`` and ``rest`` is the mask (4-D), read element by element.
+    Recognising the structure is one pass over the mask, small next to the attention itself.
     """
-    full = np.full(b, t_k, dtype=np.int64)
+    all_keys = np.full(b, t_k, dtype=np.int64)
     if mask is None:
-        return False, full, None
+        return False, all_keys, None
     m = _as_4d(np.asarray(mask))
-    if m.shape[1] != 1 or m.shape[2] not in (1, t_q):
-        return False, full, m  # differs between heads or is not row-structured: read it
+    if m.shape[1] != 1 or m.shape[2] not in (1, t_q) or m.shape[3] != t_k:
+        return False, all_keys, m  # differs between heads, or broadcast along keys: read it
     rows = m[:, 0]  # (B or 1, T_q or 1, T_k)
-    last = rows[:, -1, :]  # last query row: sees every unpadded key, causal or not
+    last = rows[:, -1]  # (B or 1, T_k): the last query sees every unpadded key, causal or not
     lengths = last.sum(axis=-1)  # (B or 1,)
-    prefix = np.arange(t_k) < lengths[:, None]  # (B or 1, T_k) key j < kv_len[b]
-    if not np.array_equal(last, prefix):
-        return False, full, m
+    if not np.array_equal(last, np.arange(t_k) < lengths[:, None]):
+        return False, all_keys, m  # the visible keys are not a prefix 0 .. kv_len - 1
     kv_len = np.broadcast_to(lengths, (b,)).astype(np.int64)
-    if np.array_equal(rows, np.broadcast_to(prefix[:, None, :], rows.shape)):
-        return False, kv_len, None  # key padding only (or no masking at all)
-    if t_q <= t_k and rows.shape[1] == t_q:
+
+    def hides_padding(n, rows_b):  # keys n.. of this batch entry hidden from every query
+        return not rows_b[:, n:].any()
+
+    if rows.shape[1] == t_q and t_q <= t_k:
         tri = _causal(t_q, t_k)
-        if np.array_equal(rows, tri[None] & prefix[:, None, :]):
+        if all(np.array_equal(r[:, :n], tri[:, :n]) and hides_padding(n, r)
+               for r, n in zip(rows, lengths, strict=True)):
             return True, kv_len, None
-    return False, full, m
+    if all(r[:, :n].all() and hides_padding(n, r) for r, n in zip(rows, lengths, strict=True)):
+        return False, kv_len, None  # key padding only (or nothing masked)
+    return False, all_keys, m
 
 
 def _flat_with_strides(x: np.ndarray | None, dtype):
@@ -377,9 +429,8 @@ def _flat_with_strides(x: np.ndarray | None, dtype):
     x = np.ascontiguousarray(_as_4d(x), dtype=dtype)
     if not x.flags.writeable:  # keep one compiled signature (Numba types read-only separately)
         x = x.copy()
-    strides = np.array([s // x.itemsize if n > 1 else 0 for s, n in zip(x.strides, x.shape)],
-                       dtype=np.int64)
-    return x.reshape(-1), strides, True
+    strides = [s // x.itemsize if n > 1 else 0 for s, n in zip(x.strides, x.shape, strict=True)]
+    return x.reshape(-1), np.array(strides, dtype=np.int64), True
 
 
 def _openblas_thread_functions():
@@ -460,7 +511,9 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     -----
     (1) s = q k^T * scale   (2) s += bias   (3) s[~mask] = -inf
     (4) p = softmax(s) along keys (0 for a fully masked row)   (5) out = p v
-    Stored for backward: lse = log sum_j exp(s_j), so that p = exp(s - lse).
+    Stored for backward: lse = log sum_j exp(s_j), so that p = exp(s - lse). lse is float64
+    for either input dtype (one number per row): rounded to float32 it would shift every
+    rebuilt p by up to about 1e-6 relative.
     """
     check_attention_inputs(q, k, v, mask, bias)
     b, h, t_q, d = q.shape
@@ -474,9 +527,10 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     v3 = np.ascontiguousarray(v).reshape(b * h, t_k, d)
     out = np.empty_like(q3)  # (BH, T_q, D)
     lse = np.empty((b * h, t_q), dtype=np.float64)  # (BH, T_q)
-    with _blas_on_calling_thread():
+    with _blas_on_calling_thread(), numba.parallel_chunksize(1):
         _sdpa_forward_kernel(q3, k3, v3, q.dtype.type(scale), h, causal, kv_len,
-                             mask_flat, mstr, has_mask, bias_flat, bstr, has_bias, out, lse)
+                             mask_flat, mstr, has_mask, bias_flat, bstr, has_bias,
+                             numba.get_num_threads(), out, lse)
     cache = SDPAKernelCache(q3, k3, v3, out, lse, scale, (b, h, t_q, t_k, d), causal, kv_len,
                             mask_flat, mstr, has_mask, bias_flat, bstr, has_bias)
     return out.reshape(b, h, t_q, d), cache
@@ -496,16 +550,18 @@ def sdpa_backward(dout, cache: SDPAKernelCache):
     do3 = np.ascontiguousarray(dout, dtype=q3.dtype).reshape(b * h, t_q, d)
     # (4) delta_i = sum_j dp_ij p_ij = sum_d dout_id out_id  (one number per row, float64)
     delta = np.einsum("ntd,ntd->nt", do3, cache.out, dtype=np.float64)
-    n_chunks = max(1, -(-numba.get_num_threads() // (b * h)))  # split rows only if heads < threads
+    # enough work items for two per thread: one chunk per head unless there are few heads
+    n_blk = -(-t_q // _BLOCK_Q)
+    n_chunks = max(1, min(n_blk, -(-2 * numba.get_num_threads() // (b * h))))
     dq = np.empty_like(q3)
     dk_part = np.empty((b * h, n_chunks, t_k, d), dtype=q3.dtype)
     dv_part = np.empty((b * h, n_chunks, t_k, d), dtype=q3.dtype)
-    with _blas_on_calling_thread():
+    with _blas_on_calling_thread(), numba.parallel_chunksize(1):
         _sdpa_backward_kernel(do3, q3, cache.k, cache.v, delta, cache.lse,
                               q3.dtype.type(cache.scale), h, cache.causal, cache.kv_len,
                               cache.mask, cache.mask_strides, cache.has_mask,
                               cache.bias, cache.bias_strides, cache.has_bias,
-                              dq, dk_part, dv_part)
+                              numba.get_num_threads(), dq, dk_part, dv_part)
     dk = dk_part[:, 0] if n_chunks == 1 else dk_part.sum(axis=1)
     dv = dv_part[:, 0] if n_chunks == 1 else dv_part.sum(axis=1)
     return dq.reshape(b, h, t_q, d), dk.reshape(b, h, t_k, d), dv.reshape(b, h, t_k, d)

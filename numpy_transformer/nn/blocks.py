@@ -59,13 +59,16 @@ class EncoderBlock(Module):
         super().__init__()
         rng = np.random.default_rng() if rng is None else rng
         self.norm_first = norm_first
-        self.norm1 = self.add("norm1", make_norm(norm, width, dtype=dtype))
+        self.norm1 = self.add("norm1", make_norm(norm, width, dtype=dtype,
+                                                  backend=backend))
         self.attn = self.add("attn", MultiHeadAttention(
             width, heads, rope=rope, alibi=alibi, max_len=max_len, backend=backend,
             dtype=dtype, rng=rng))
         self.drop1 = self.add("drop1", Dropout(dropout, seed=_seed(rng)))
-        self.norm2 = self.add("norm2", make_norm(norm, width, dtype=dtype))
-        self.ffn = self.add("ffn", FeedForward(width, ffn_width, activation, dtype=dtype, rng=rng))
+        self.norm2 = self.add("norm2", make_norm(norm, width, dtype=dtype,
+                                                  backend=backend))
+        self.ffn = self.add("ffn", FeedForward(width, ffn_width, activation, dtype=dtype,
+                                                  rng=rng, backend=backend))
         self.drop2 = self.add("drop2", Dropout(dropout, seed=_seed(rng)))
 
     def forward(self, x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
@@ -126,18 +129,22 @@ class DecoderBlock(Module):
         super().__init__()
         rng = np.random.default_rng() if rng is None else rng
         self.norm_first, self.cross = norm_first, cross
-        self.norm1 = self.add("norm1", make_norm(norm, width, dtype=dtype))
+        self.norm1 = self.add("norm1", make_norm(norm, width, dtype=dtype,
+                                                  backend=backend))
         self.attn = self.add("attn", MultiHeadAttention(
             width, heads, rope=rope, alibi=alibi, max_len=max_len, backend=backend,
             dtype=dtype, rng=rng))
         self.drop1 = self.add("drop1", Dropout(dropout, seed=_seed(rng)))
         if cross:
-            self.cross_norm = self.add("cross_norm", make_norm(norm, width, dtype=dtype))
+            self.cross_norm = self.add("cross_norm", make_norm(norm, width, dtype=dtype,
+                                                               backend=backend))
             self.cross_attn = self.add("cross_attn", MultiHeadAttention(
                 width, heads, backend=backend, dtype=dtype, rng=rng))
             self.cross_drop = self.add("cross_drop", Dropout(dropout, seed=_seed(rng)))
-        self.norm2 = self.add("norm2", make_norm(norm, width, dtype=dtype))
-        self.ffn = self.add("ffn", FeedForward(width, ffn_width, activation, dtype=dtype, rng=rng))
+        self.norm2 = self.add("norm2", make_norm(norm, width, dtype=dtype,
+                                                  backend=backend))
+        self.ffn = self.add("ffn", FeedForward(width, ffn_width, activation, dtype=dtype,
+                                                  rng=rng, backend=backend))
         self.drop2 = self.add("drop2", Dropout(dropout, seed=_seed(rng)))
 
     def forward(self, x: np.ndarray, memory: np.ndarray | None = None,

@@ -4,6 +4,12 @@ the position-wise feed-forward network.
 Each is a thin stateful shell around a pure forward/backward pair from
 ``numpy_transformer.functional``: ``forward`` stores that pair's cache, ``backward`` passes it
 back and adds the parameter gradients into ``grads``.
+
+The layers whose pair has a fused Numba twin in ``numpy_transformer.kernels`` (the embedding
+backward, LayerNorm, RMSNorm, ReLU and exact GELU) take a ``backend``, as the attention does:
+``"numpy"`` runs the readable reference, ``"numba"`` the kernel with the same contract. The
+choice is made once, in ``__init__``, and stored as the layer's ``forward``/``backward`` pair.
+``Linear`` has no kernel: its work is a BLAS matrix product either way.
 """
 
 from __future__ import annotations
@@ -35,6 +41,12 @@ from .module import Module
 
 ACTIVATION_NAMES = ("relu", "gelu", "gelu_tanh", "swiglu")
 NORM_NAMES = ("layernorm", "rmsnorm")
+BACKEND_NAMES = ("numpy", "numba")  # as nn.attention.BACKENDS
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKEND_NAMES:
+        raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
 
 
 def _generator(rng: np.random.Generator | None) -> np.random.Generator:
@@ -97,14 +109,22 @@ class Embedding(Module):
         Initial values are N(0, std^2) (PyTorch's ``nn.Embedding`` uses std 1).
     dtype : dtype, default float64
     rng : np.random.Generator, optional
+    backend : {"numpy", "numba"}, default "numpy"
+        The backward's scatter-add: ``np.add.at`` (reference) or a compiled loop.
     """
 
     def __init__(self, vocab: int, width: int, std: float = 1.0, *, dtype=np.float64,
-                 rng: np.random.Generator | None = None) -> None:
+                 rng: np.random.Generator | None = None, backend: str = "numpy") -> None:
         super().__init__()
         check_positive("vocab", vocab, integer=True)
         check_positive("width", width, integer=True)
         check_positive("std", std)
+        _check_backend(backend)
+        self.grad_rows = embedding_backward
+        if backend == "numba":
+            from ..kernels.embedding import embedding_backward as fast  # lazy: compiles
+
+            self.grad_rows = fast
         table = std * _generator(rng).standard_normal((vocab, width))  # N(0, std^2)
         self.add_param("table", table.astype(dtype))
         self.cache = None
@@ -116,7 +136,7 @@ class Embedding(Module):
 
     def backward(self, dout: np.ndarray) -> None:
         """Adds ``dout`` (B, T, C) into the rows of ``grads["table"]``; ids have no gradient."""
-        self.grads["table"] += embedding_backward(dout, self.cache)
+        self.grads["table"] += self.grad_rows(dout, self.cache)
 
 
 class TiedOutput(Module):
@@ -162,27 +182,37 @@ class LayerNorm(Module):
     width : int
     eps : float, default 1e-5 (as ``torch.nn.LayerNorm``)
     dtype : dtype, default float64
+    backend : {"numpy", "numba"}, default "numpy"
+        ``functional.norms`` (reference) or ``kernels.norms`` (fused, same contract).
 
     References
     ----------
     Ba, Kiros & Hinton, "Layer Normalization", 2016.
     """
 
-    def __init__(self, width: int, eps: float = 1e-5, *, dtype=np.float64) -> None:
+    def __init__(self, width: int, eps: float = 1e-5, *, dtype=np.float64,
+                 backend: str = "numpy") -> None:
         super().__init__()
         check_positive("width", width, integer=True)
+        _check_backend(backend)
         self.eps = eps
+        self.norm_forward, self.norm_backward = layer_norm_forward, layer_norm_backward
+        if backend == "numba":
+            from ..kernels import norms  # lazy: compiles on first import
+
+            self.norm_forward, self.norm_backward = norms.layer_norm_forward, \
+                norms.layer_norm_backward
         self.add_param("w", np.ones(width, dtype=dtype))
         self.add_param("b", np.zeros(width, dtype=dtype))
         self.cache = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (..., C) -> out : (..., C)."""
-        out, self.cache = layer_norm_forward(x, self.params["w"], self.params["b"], self.eps)
+        out, self.cache = self.norm_forward(x, self.params["w"], self.params["b"], self.eps)
         return out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
-        dx, dw, db = layer_norm_backward(dout, self.cache)
+        dx, dw, db = self.norm_backward(dout, self.cache)
         self.grads["w"] += dw
         self.grads["b"] += db
         return dx
@@ -197,36 +227,47 @@ class RMSNorm(Module):
     eps : float, optional
         ``None`` means ``np.finfo(dtype).eps``, as ``torch.nn.RMSNorm(eps=None)``.
     dtype : dtype, default float64
+    backend : {"numpy", "numba"}, default "numpy"
+        ``functional.norms`` (reference) or ``kernels.norms`` (fused, same contract).
 
     References
     ----------
     Zhang & Sennrich, "Root Mean Square Layer Normalization", 2019.
     """
 
-    def __init__(self, width: int, eps: float | None = None, *, dtype=np.float64) -> None:
+    def __init__(self, width: int, eps: float | None = None, *, dtype=np.float64,
+                 backend: str = "numpy") -> None:
         super().__init__()
         check_positive("width", width, integer=True)
+        _check_backend(backend)
         self.eps = eps
+        self.norm_forward, self.norm_backward = rms_norm_forward, rms_norm_backward
+        if backend == "numba":
+            from ..kernels import norms  # lazy: compiles on first import
+
+            self.norm_forward, self.norm_backward = norms.rms_norm_forward, \
+                norms.rms_norm_backward
         self.add_param("w", np.ones(width, dtype=dtype))
         self.cache = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (..., C) -> out : (..., C)."""
-        out, self.cache = rms_norm_forward(x, self.params["w"], self.eps)
+        out, self.cache = self.norm_forward(x, self.params["w"], self.eps)
         return out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
-        dx, dw = rms_norm_backward(dout, self.cache)
+        dx, dw = self.norm_backward(dout, self.cache)
         self.grads["w"] += dw
         return dx
 
 
-def make_norm(norm: str, width: int, *, dtype=np.float64) -> LayerNorm | RMSNorm:
+def make_norm(norm: str, width: int, *, dtype=np.float64,
+              backend: str = "numpy") -> LayerNorm | RMSNorm:
     """``LayerNorm(width)`` for ``"layernorm"``, ``RMSNorm(width)`` for ``"rmsnorm"``."""
     if norm == "layernorm":
-        return LayerNorm(width, dtype=dtype)
+        return LayerNorm(width, dtype=dtype, backend=backend)
     if norm == "rmsnorm":
-        return RMSNorm(width, dtype=dtype)
+        return RMSNorm(width, dtype=dtype, backend=backend)
     raise ValueError(f"norm must be one of {NORM_NAMES}, got {norm!r}")
 
 
@@ -276,6 +317,9 @@ class FeedForward(Module):
         ``gelu`` is the exact (erf) GELU, ``gelu_tanh`` its tanh approximation.
     dtype : dtype, default float64
     rng : np.random.Generator, optional
+    backend : {"numpy", "numba"}, default "numpy"
+        With ``"numba"``, ReLU and exact GELU run the fused pairs of ``kernels.activations``;
+        ``gelu_tanh`` and ``swiglu`` have no kernel and use the reference either way.
 
     Notes
     -----
@@ -291,10 +335,11 @@ class FeedForward(Module):
     """
 
     def __init__(self, width: int, hidden: int, activation: str = "gelu", *, dtype=np.float64,
-                 rng: np.random.Generator | None = None) -> None:
+                 rng: np.random.Generator | None = None, backend: str = "numpy") -> None:
         super().__init__()
         if activation not in ACTIVATION_NAMES:
             raise ValueError(f"activation must be one of {ACTIVATION_NAMES}, got {activation!r}")
+        _check_backend(backend)
         rng = _generator(rng)
         self.activation = activation
         if activation == "swiglu":
@@ -308,6 +353,11 @@ class FeedForward(Module):
             self.act_forward, self.act_backward = gelu_forward, gelu_backward
         elif activation == "gelu_tanh":
             self.act_forward, self.act_backward = gelu_tanh_forward, gelu_tanh_backward
+        if backend == "numba" and activation in ("relu", "gelu"):
+            from ..kernels import activations as fast  # lazy: compiles on first import
+
+            self.act_forward = getattr(fast, activation + "_forward")
+            self.act_backward = getattr(fast, activation + "_backward")
         self.cache = None  # the activation's cache
 
     def forward(self, x: np.ndarray) -> np.ndarray:

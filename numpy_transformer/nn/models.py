@@ -47,7 +47,8 @@ class Embeddings(Module):
         dtype, width = np.dtype(config.dtype), config.width
         self.vocab, self.width = config.vocab, width
         std = 1.0 / np.sqrt(width) if config.embed_std is None else config.embed_std
-        self.tokens = self.add("tokens", Embedding(config.vocab, width, std, dtype=dtype, rng=rng))
+        self.tokens = self.add("tokens", Embedding(config.vocab, width, std, dtype=dtype, rng=rng,
+                                                       backend=config.backend))
         self.scale = float(np.sqrt(width)) if config.embed_scale else 1.0
         self.positions = None  # rope, alibi and none add nothing here
         if config.positions == "sinusoidal":
@@ -107,7 +108,8 @@ class Encoder(Module):
         self.final_norm = None  # post-LN blocks already end in a norm
         if c.norm_first:
             self.final_norm = self.add("final_norm", make_norm(c.norm, c.width,
-                                                               dtype=np.dtype(c.dtype)))
+                                                               dtype=np.dtype(c.dtype),
+                                                               backend=c.backend))
 
     def forward(self, tokens: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         x = self.embed(tokens)  # (B, T, C)
@@ -142,7 +144,8 @@ class Decoder(Module):
         self.final_norm = None
         if c.norm_first:
             self.final_norm = self.add("final_norm", make_norm(c.norm, c.width,
-                                                               dtype=np.dtype(c.dtype)))
+                                                               dtype=np.dtype(c.dtype),
+                                                               backend=c.backend))
 
     def forward(self, tokens: np.ndarray, memory: np.ndarray | None = None,
                 memory_mask: np.ndarray | None = None) -> np.ndarray:

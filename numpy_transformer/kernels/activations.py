@@ -1,0 +1,158 @@
+"""ReLU and exact GELU in Numba: drop-ins for ``functional/activations.py``'s pairs.
+
+Same contract as the readable reference (checked against it in ``tests/test_kernels_step.py``):
+``out, cache = relu_forward(x)``, ``dx = relu_backward(dout, cache)``, and the same for
+``gelu_forward`` / ``gelu_backward``; the cache is the input ``x``, as in the reference.
+
+The reference GELU makes six whole-array passes forward (divide, erf, add, multiply, ...) and
+about ten backward (erf and exp again); ReLU's backward builds a boolean mask and multiplies.
+Each kernel here is one parallel pass over the flattened array. GELU in float64 uses
+``math.erf`` (as exact as the reference); in float32 a vectorisable rational approximation of
+erf, within a few float32 units in the last place (see the note above ``_erf_f32``).
+
+References
+----------
+Hendrycks & Gimpel, "Gaussian Error Linear Units (GELUs)", 2016.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from .attention import exp_shifted  # the vectorised exp of the attention kernel (see there)
+
+# error_model="numpy": x / 0 gives inf or NaN as in NumPy instead of raising ZeroDivisionError;
+# the check for that error kept the compiler from vectorising any loop with a division (5x).
+_JIT = dict(cache=True, nogil=True, error_model="numpy")
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).reshape(-1)
+
+
+# ----------------------------------------------------------------------------- ReLU
+@njit(parallel=True, **_JIT)
+def _relu_forward_kernel(x, out):  # pragma: no cover - compiled
+    for i in prange(x.size):
+        out[i] = 0 if x[i] <= 0 else x[i]  # out = max(x, 0); NaN stays NaN, as np.maximum
+
+
+@njit(parallel=True, **_JIT)
+def _relu_backward_kernel(dout, x, dx):  # pragma: no cover - compiled
+    for i in prange(x.size):
+        dx[i] = dout[i] if x[i] > 0 else 0.0 * dout[i]  # dx = dout [x > 0] (0 * NaN stays NaN)
+
+
+def relu_forward(x: np.ndarray):
+    """``out = max(x, 0)``; returns ``(out, x)`` as ``functional.activations.relu_forward``."""
+    out = np.empty(x.shape, dtype=x.dtype)
+    _relu_forward_kernel(_flat(x), out.reshape(-1))
+    return out, x
+
+
+def relu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``dx = dout * [x > 0]``."""
+    dx = np.empty(x.shape, dtype=np.result_type(dout, x))
+    _relu_backward_kernel(_flat(dout), _flat(x), dx.reshape(-1))
+    return dx
+
+
+# ----------------------------------------------------------------------------- GELU (erf)
+# float64 (gradient checks) calls math.erf and math.exp, as exact as the reference. float32
+# (training) would pay about 30 ns per entry for them here (libm, one entry at a time), more
+# than all the rest of the step's elementwise work, so it uses a rational approximation of
+# erf that the compiler vectorises (Eigen's ``generic_fast_erf_float``: odd degree-13 over even
+# degree-8 polynomial on [-4, 4], where it is accurate to a few float32 units in the last
+# place; outside, erf = +-1 in float32) and the attention kernel's vectorised exp.
+_BLOCK = 512  # entries per work item (and per scratch row of the vectorised exp)
+
+
+@njit(**_JIT)
+def _erf_f32(x):  # pragma: no cover - compiled
+    # x: float32 scalar -> erf(x) in float32 arithmetic
+    four = np.float32(4.0)
+    x = four if x > four else (-four if x < -four else x)  # selects, not min/max: vectorises
+    x2 = x * x
+    p = x2 * np.float32(-2.72614225801306e-10) + np.float32(2.77068142495902e-08)
+    p = x2 * p + np.float32(-2.10102402082508e-06)
+    p = x2 * p + np.float32(-5.69250639462346e-05)
+    p = x2 * p + np.float32(-7.34990630326855e-04)
+    p = x2 * p + np.float32(-2.95459980854025e-03)
+    p = x2 * p + np.float32(-1.60960333262415e-02)
+    q = x2 * np.float32(-1.45660718464996e-05) + np.float32(-2.13374055278905e-04)
+    q = x2 * q + np.float32(-1.68282697438203e-03)
+    q = x2 * q + np.float32(-7.37332916720468e-03)
+    q = x2 * q + np.float32(-1.42647390514189e-02)
+    return x * p / q
+
+
+def erf_f32(x: np.ndarray) -> np.ndarray:
+    """The float32 approximation of erf used by the GELU kernels, for an array (tests)."""
+    out = np.empty(x.shape, dtype=np.float32)
+    _erf_f32_array(_flat(x.astype(np.float32)), out.reshape(-1))
+    return out
+
+
+@njit(**_JIT)
+def _erf_f32_array(x, out):  # pragma: no cover - compiled
+    for i in range(x.size):
+        out[i] = _erf_f32(x[i])
+
+
+@njit(parallel=True, **_JIT)
+def _gelu_forward_f64(x, out):  # pragma: no cover - compiled
+    for i in prange(x.size):
+        out[i] = 0.5 * x[i] * (1.0 + math.erf(x[i] * _INV_SQRT2))  # x Phi(x)
+
+
+@njit(parallel=True, **_JIT)
+def _gelu_backward_f64(dout, x, dx):  # pragma: no cover - compiled
+    for i in prange(x.size):
+        cdf = 0.5 * (1.0 + math.erf(x[i] * _INV_SQRT2))  # Phi(x)
+        pdf = math.exp(-0.5 * x[i] * x[i]) * _INV_SQRT_2PI  # phi(x)
+        dx[i] = dout[i] * (cdf + x[i] * pdf)  # d/dx [x Phi(x)] = Phi + x phi
+
+
+@njit(parallel=True, **_JIT)
+def _gelu_forward_f32(x, out):  # pragma: no cover - compiled
+    half, one, c = np.float32(0.5), np.float32(1.0), np.float32(_INV_SQRT2)
+    for i in prange(x.size):
+        out[i] = half * x[i] * (one + _erf_f32(x[i] * c))  # x Phi(x)
+
+
+@njit(parallel=True, **_JIT)
+def _gelu_backward_f32(dout, x, dx):  # pragma: no cover - compiled
+    half, one = np.float32(0.5), np.float32(1.0)
+    c, c_pdf = np.float32(_INV_SQRT2), np.float32(_INV_SQRT_2PI)
+    n = x.size
+    for blk in prange((n + _BLOCK - 1) // _BLOCK):
+        lo, hi = blk * _BLOCK, min(n, (blk + 1) * _BLOCK)
+        e = np.empty(hi - lo, np.float32)
+        for j in range(lo, hi):
+            e[j - lo] = -half * x[j] * x[j]
+        exp_shifted(e, hi - lo, 0.0, np.empty(hi - lo, np.float32))  # e = exp(-x^2 / 2)
+        for j in range(lo, hi):
+            cdf = half * (one + _erf_f32(x[j] * c))  # Phi(x)
+            dx[j] = dout[j] * (cdf + x[j] * e[j - lo] * c_pdf)  # Phi + x phi
+
+
+def gelu_forward(x: np.ndarray):
+    """Exact GELU ``x Phi(x)``; returns ``(out, x)`` as ``functional.activations.gelu_forward``."""
+    out = np.empty(x.shape, dtype=x.dtype)
+    kernel = _gelu_forward_f32 if x.dtype == np.float32 else _gelu_forward_f64
+    kernel(_flat(x), out.reshape(-1))
+    return out, x
+
+
+def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``dx = dout (Phi(x) + x phi(x))``."""
+    dx = np.empty(x.shape, dtype=np.result_type(dout, x))
+    kernel = _gelu_backward_f32 if x.dtype == np.float32 == dx.dtype else _gelu_backward_f64
+    kernel(_flat(dout).astype(dx.dtype, copy=False), _flat(x).astype(dx.dtype, copy=False),
+           dx.reshape(-1))
+    return dx

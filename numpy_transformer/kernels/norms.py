@@ -1,0 +1,213 @@
+"""LayerNorm and RMSNorm in Numba: a drop-in for ``functional/norms.py``.
+
+Same contract as the readable reference (read that file first; ``tests/test_kernels_step.py``
+checks every function here against it, forward and backward, float32 and float64):
+
+* ``out, cache = layer_norm_forward(x, w, b, eps)``
+* ``dx, dw, db = layer_norm_backward(dout, cache)``
+* ``out, cache = rms_norm_forward(x, w, eps)``
+* ``dx, dw = rms_norm_backward(dout, cache)``
+
+with the very same ``LayerNormCache`` / ``RMSNormCache`` named tuples.
+
+Why a kernel pays: the reference makes about eight passes over the (N, C) activations per
+forward and ten per backward (mean, subtract, square, mean, multiply, ...), each allocating a
+temporary. Here one row of C numbers is read once, its statistics kept in registers, and the
+row written once; rows run in parallel (``prange``).
+
+The parameter gradients ``dw = sum_rows dout * x_hat`` and ``db = sum_rows dout`` are sums
+over *all* rows, so threads must not add into one array. The rows are cut into fixed blocks
+of ``_ROWS`` rows; each block sums into its own row of a ``(blocks, C)`` scratch array, and
+the blocks are added at the end. The blocks do not depend on the thread count, so the result
+is bit-for-bit the same with 1 or 2 threads.
+
+Row statistics (mean, variance, mean of products) are accumulated in float64 whatever the
+input dtype; the reference accumulates float32 inputs in float32 (pairwise), so the two agree
+to float32 rounding, not bit for bit.
+
+References
+----------
+Ba, Kiros & Hinton, "Layer Normalization", 2016.
+Zhang & Sennrich, "Root Mean Square Layer Normalization", 2019.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .._checks import check_float, check_last_dim
+from ..functional.norms import LayerNormCache, RMSNormCache
+
+_ROWS = 64  # rows per block of the parameter-gradient partial sums
+# "reassoc" lets the compiler split each row sum into several SIMD partial sums. A sum in one
+# fixed order is a chain of dependent additions, 4 cycles each, and made these kernels 2x
+# slower. The order still depends only on the compiled code, not on the threads, so results
+# stay reproducible; they differ from the reference's pairwise sums by rounding only.
+# error_model="numpy": x / 0 gives inf or NaN as in NumPy instead of raising ZeroDivisionError
+# (that check keeps the compiler from vectorising a loop with a division).
+_JIT = dict(cache=True, nogil=True, fastmath={"reassoc"}, error_model="numpy")
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """(..., C) -> C-contiguous (N, C): a view when possible, else one copy."""
+    return np.ascontiguousarray(a).reshape(-1, a.shape[-1])
+
+
+def _blocks(n: int) -> int:
+    return max(1, -(-n // _ROWS))
+
+
+# ------------------------------------------------------------------------------- LayerNorm
+@njit(parallel=True, **_JIT)
+def _layer_norm_forward_kernel(x, w, b, eps, out, x_hat, rstd):  # pragma: no cover - compiled
+    # x, out, x_hat: (N, C); w, b: (C,); rstd: (N,)
+    n, c = x.shape
+    for i in prange(n):
+        mu = 0.0  # (1) mu = mean_C x  (float64 accumulator)
+        for j in range(c):
+            mu += x[i, j]
+        mu /= c
+        var = 0.0  # (1) var = mean_C (x - mu)^2, two-pass as the reference
+        for j in range(c):
+            d = x[i, j] - mu
+            var += d * d
+        var /= c
+        r = 1.0 / np.sqrt(var + eps)  # (2) rstd
+        rstd[i] = r
+        for j in range(c):
+            xh = (x[i, j] - mu) * r  # (2) x_hat
+            x_hat[i, j] = xh
+            out[i, j] = xh * w[j] + b[j]  # (3)
+
+
+@njit(parallel=True, **_JIT)
+def _layer_norm_backward_kernel(dout, x_hat, w, rstd, dx, dw_part, db_part, rows):
+    # pragma: no cover - compiled
+    # dout, x_hat, dx: (N, C); w: (C,); rstd: (N,); dw_part, db_part: (blocks, C) float64
+    n, c = dout.shape
+    for blk in prange(dw_part.shape[0]):
+        for i in range(blk * rows, min(n, (blk + 1) * rows)):
+            # (3) out = x_hat * w + b  =>  dw += dout * x_hat,  db += dout,  dxh = dout * w
+            m1 = 0.0  # mean_C dxh
+            m2 = 0.0  # mean_C dxh * x_hat
+            for j in range(c):
+                g = dout[i, j]
+                xh = x_hat[i, j]
+                dw_part[blk, j] += g * xh
+                db_part[blk, j] += g
+                dxh = g * w[j]
+                m1 += dxh
+                m2 += dxh * xh
+            m1 /= c
+            m2 /= c
+            # (2), (1)  dx = rstd * (dxh - mean_C dxh - x_hat * mean_C(dxh * x_hat))
+            r = rstd[i]
+            for j in range(c):
+                dx[i, j] = r * (dout[i, j] * w[j] - m1 - x_hat[i, j] * m2)
+
+
+def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float = 1e-5):
+    """LayerNorm over the last axis; see ``functional.norms.layer_norm_forward``.
+
+    Parameters
+    ----------
+    x : ndarray of shape (..., C)
+    w, b : ndarray of shape (C,)
+    eps : float, default 1e-5
+
+    Returns
+    -------
+    out : ndarray of shape (..., C)
+    cache : LayerNormCache
+        ``x_hat`` (..., C), ``w`` (C,), ``rstd`` (..., 1), as the reference's.
+    """
+    check_float("x", x)
+    check_last_dim("x", x, w.shape[0])
+    x2 = _rows(x)  # (N, C)
+    out, x_hat = np.empty_like(x2), np.empty_like(x2)
+    rstd = np.empty(x2.shape[0], dtype=x.dtype)  # (N,)
+    _layer_norm_forward_kernel(x2, w.astype(x.dtype, copy=False), b.astype(x.dtype, copy=False),
+                               float(eps), out, x_hat, rstd)
+    return (out.reshape(x.shape),
+            LayerNormCache(x_hat.reshape(x.shape), w, rstd.reshape(x.shape[:-1] + (1,))))
+
+
+def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
+    """Returns ``(dx, dw, db)``; see ``functional.norms.layer_norm_backward``."""
+    x_hat, w, rstd = cache
+    c = w.shape[0]
+    dout2, x_hat2 = _rows(dout.astype(x_hat.dtype, copy=False)), _rows(x_hat)  # (N, C)
+    n = dout2.shape[0]
+    dx = np.empty_like(x_hat2)
+    dw_part = np.zeros((_blocks(n), c))  # float64 partial sums, one row per block of rows
+    db_part = np.zeros((_blocks(n), c))
+    _layer_norm_backward_kernel(dout2, x_hat2, w.astype(x_hat.dtype, copy=False),
+                                rstd.reshape(-1), dx, dw_part, db_part, _ROWS)
+    dt = x_hat.dtype
+    return dx.reshape(x_hat.shape), dw_part.sum(axis=0).astype(dt), db_part.sum(axis=0).astype(dt)
+
+
+# ------------------------------------------------------------------------------- RMSNorm
+@njit(parallel=True, **_JIT)
+def _rms_norm_forward_kernel(x, w, eps, out, x_hat, rrms):  # pragma: no cover - compiled
+    # x, out, x_hat: (N, C); w: (C,); rrms: (N,)
+    n, c = x.shape
+    for i in prange(n):
+        ms = 0.0  # (1) mean_C x^2
+        for j in range(c):
+            ms += x[i, j] * x[i, j]
+        r = 1.0 / np.sqrt(ms / c + eps)  # (1) rrms
+        rrms[i] = r
+        for j in range(c):
+            xh = x[i, j] * r  # (2)
+            x_hat[i, j] = xh
+            out[i, j] = xh * w[j]  # (3)
+
+
+@njit(parallel=True, **_JIT)
+def _rms_norm_backward_kernel(dout, x_hat, w, rrms, dx, dw_part, rows):
+    # pragma: no cover - compiled
+    # dout, x_hat, dx: (N, C); w: (C,); rrms: (N,); dw_part: (blocks, C) float64
+    n, c = dout.shape
+    for blk in prange(dw_part.shape[0]):
+        for i in range(blk * rows, min(n, (blk + 1) * rows)):
+            # (3) out = x_hat * w  =>  dw += dout * x_hat,  dxh = dout * w
+            m2 = 0.0  # mean_C dxh * x_hat
+            for j in range(c):
+                g = dout[i, j]
+                xh = x_hat[i, j]
+                dw_part[blk, j] += g * xh
+                m2 += g * w[j] * xh
+            m2 /= c
+            # (2), (1)  dx = rrms * (dxh - x_hat * mean_C(dxh * x_hat))
+            r = rrms[i]
+            for j in range(c):
+                dx[i, j] = r * (dout[i, j] * w[j] - x_hat[i, j] * m2)
+
+
+def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
+    """RMSNorm over the last axis; see ``functional.norms.rms_norm_forward``.
+
+    ``eps=None`` means ``np.finfo(x.dtype).eps``, as in the reference.
+    """
+    check_float("x", x)
+    check_last_dim("x", x, w.shape[0])
+    eps = np.finfo(x.dtype).eps if eps is None else eps
+    x2 = _rows(x)  # (N, C)
+    out, x_hat = np.empty_like(x2), np.empty_like(x2)
+    rrms = np.empty(x2.shape[0], dtype=x.dtype)  # (N,)
+    _rms_norm_forward_kernel(x2, w.astype(x.dtype, copy=False), float(eps), out, x_hat, rrms)
+    return (out.reshape(x.shape),
+            RMSNormCache(x_hat.reshape(x.shape), w, rrms.reshape(x.shape[:-1] + (1,))))
+
+
+def rms_norm_backward(dout: np.ndarray, cache: RMSNormCache):
+    """Returns ``(dx, dw)``; see ``functional.norms.rms_norm_backward``."""
+    x_hat, w, rrms = cache
+    dout2, x_hat2 = _rows(dout.astype(x_hat.dtype, copy=False)), _rows(x_hat)  # (N, C)
+    dx = np.empty_like(x_hat2)
+    dw_part = np.zeros((_blocks(dout2.shape[0]), w.shape[0]))
+    _rms_norm_backward_kernel(dout2, x_hat2, w.astype(x_hat.dtype, copy=False),
+                              rrms.reshape(-1), dx, dw_part, _ROWS)
+    return dx.reshape(x_hat.shape), dw_part.sum(axis=0).astype(x_hat.dtype)
