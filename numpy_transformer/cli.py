@@ -167,7 +167,8 @@ def build_parser() -> Parser:
     g.add_argument("--dropout", type=dropout_rate, help="[0.0]")
     g.add_argument("--dtype", choices=("float32", "float64"), help="[float32]")
     g.add_argument("--backend", choices=("numpy", "numba"),
-                   help="attention core: NumPy reference or fused numba kernel [numpy]")
+                   help="numpy: the readable NumPy references; numba: the fused kernels "
+                        "(attention, norms, activations, loss) [numba]")
     g = t.add_argument_group("optimisation")
     g.add_argument("--optimizer", choices=("adam", "adamw"), help="[adam]")
     g.add_argument("--lr", type=positive_float, help="peak learning rate [2e-3]")

@@ -122,7 +122,7 @@ def resolve_options(task: str, given: dict) -> tuple[dict, dict]:
     if task not in TASKS:
         raise UsageError(f"--task must be one of {TASKS}, got {task!r}")
     kind = "lm" if task == "lm" else "task"
-    model = dict(MODEL_DEFAULTS[kind], backend="numpy", dtype="float32")
+    model = dict(MODEL_DEFAULTS[kind], backend="numba", dtype="float32")
     if task == "reverse":
         model["max_len"] = 8
     train = dict(TRAIN_DEFAULTS[kind])

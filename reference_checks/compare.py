@@ -88,16 +88,69 @@ def check_module(family: str, module, args: tuple, kwargs: dict | None = None, *
     tout = twin(*targs, **tkwargs)
     (tout * twins.to_torch(g)).sum().backward()
 
-    assert_close(family, "output", out, tout.detach().numpy(), dtype, tol)
     float_targs = [t for t in targs if hasattr(t, "requires_grad") and t.requires_grad]
     assert len(dins) == len(float_targs), "backward returned a different number of gradients"
     names = grad_args or tuple(f"input {i}" for i in range(len(dins)))
+    pairs = list(twins.gradient_pairs(module, twin))
+    floor = _float32_floor(module, twin, args, kwargs, g, pairs) if dtype == np.float32 else {}
+    bar = TOL[dtype] if tol is None else tol
+
+    def tol_of(name: str) -> float:
+        return max(bar, 2.0 * floor.get(name, 0.0))
+
+    assert_close(family, "output", out, tout.detach().numpy(), dtype, tol_of("output"))
     for name, d, t in zip(names, dins, float_targs, strict=True):
         assert_close(family, "d" + name, d, t.grad.numpy(), dtype, tol)
-    pairs = list(twins.gradient_pairs(module, twin))
     zero = zero_gradient_names(module)
     scale = max((np.abs(tg).max(initial=0.0) for _, _, tg in pairs), default=0.0)
     for name, ours, theirs in pairs:
-        assert_close(family, "d" + name, ours, theirs, dtype, tol,
+        assert_close(family, "d" + name, ours, theirs, dtype, tol_of(name),
                      scale=scale if name in zero else None)
     return out, tout
+
+
+def _float32_floor(module, twin, args, kwargs, g, pairs) -> dict[str, float]:
+    """PyTorch's own float32 error, per tensor, against the same twin run in float64.
+
+    Two float32 implementations cannot be expected to agree more closely than each agrees
+    with the exact result. Where PyTorch's float32 gradient is itself further than 1e-5 from
+    its float64 value (a gradient that sums many cancelling terms), the bar for ours becomes
+    twice that distance; everywhere else it stays 1e-5.
+    """
+    import copy
+
+    import torch
+
+    twin64 = copy.deepcopy(twin).double()
+    for p in twin64.parameters():
+        p.grad = None
+
+    def to64(a, grad):
+        if isinstance(a, np.ndarray) and a.dtype.kind == "f":
+            return torch.tensor(a.astype(np.float64), requires_grad=grad)
+        return torch.as_tensor(a) if isinstance(a, np.ndarray) else a
+
+    out64 = twin64(*[to64(a, True) for a in args],
+                   **{k: to64(v, False) for k, v in kwargs.items()})
+    (out64 * torch.tensor(g.astype(np.float64))).sum().backward()
+    from numpy_transformer import interop
+
+    params64 = dict(twin64.named_parameters())
+    floor = {"output": rel_err(twin(*[_torch_arg(a, _twins(), False) for a in args],
+                                    **{k: _torch_arg(v, _twins(), False)
+                                       for k, v in kwargs.items()}).detach().numpy(),
+                               out64.detach().numpy())}
+    names = interop.torch_names(module)
+    for name, _, theirs in pairs:
+        torch_name, transpose = names[name]
+        grad64 = params64[torch_name].grad
+        if grad64 is not None:
+            grad64 = grad64.numpy()
+            floor[name] = rel_err(theirs, grad64.T if transpose else grad64)
+    return floor
+
+
+def _twins():
+    from . import twins
+
+    return twins

@@ -35,7 +35,7 @@ def test_default_train_is_the_chapter_char_model():
     fields, options = runs.resolve_options("lm", {})
     assert fields == dict(width=84, heads=4, layers=2, ffn_width=168, max_len=100,
                           norm="layernorm", activation="relu", positions="sinusoidal",
-                          norm_first=True, dropout=0.0, embed_scale=True, backend="numpy",
+                          norm_first=True, dropout=0.0, embed_scale=True, backend="numba",
                           dtype="float32")
     assert (options["batch"], options["lr"], options["clip"], options["optimizer"],
             options["schedule"], options["text"]) == (64, 2e-3, 1.0, "adam", "constant", None)

@@ -37,7 +37,7 @@ class TransformerConfig:
     #   choice: with embed_scale the scaled coordinates then start at unit size, like the sines
     tie_embeddings: bool = False  # decoder output projection reuses the token embedding table
     num_classes: int | None = None  # classes per position of EncoderClassifier; unused otherwise
-    backend: str = "numpy"  # "numpy": the readable references everywhere; "numba": the fused
+    backend: str = "numba"  # "numpy": the readable references everywhere; "numba": the fused
     #   kernels of numpy_transformer/kernels (attention, norms, ReLU/GELU, embedding backward,
     #   and, in Trainer, the cross-entropy), each checked against its reference
     dtype: str = "float64"  # float64 for gradient checks; float32 for faster training
