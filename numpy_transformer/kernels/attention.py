@@ -112,7 +112,7 @@ class SDPAKernelCache(NamedTuple):
 
 @njit(**_JIT)
 def _row_max(x, n, acc):
-    # max(x[:n]); -inf if n == 0.  x: (>= n,), acc: (8,) float64 scratch
+    # (4) the row max m of softmax: max(x[:n]), -inf if n == 0.  x: (>= n,), acc: (8,) float64
     acc[:] = -np.inf
     n8 = n - n % 8
     for j in range(0, n8, 8):
@@ -128,7 +128,7 @@ def _row_max(x, n, acc):
 
 @njit(**_JIT)
 def _row_sum(x, n, acc):
-    # sum(x[:n]) in float64.  x: (>= n,), acc: (8,) float64 scratch
+    # (4) the softmax denominator z = sum(x[:n]) in float64.  x: (>= n,), acc: (8,) float64
     acc[:] = 0.0
     n8 = n - n % 8
     for j in range(0, n8, 8):
@@ -157,12 +157,13 @@ def exp_shifted(x, n, shift, tmp):
 # y = x - shift = t ln2 + r with integer t and |r| <= ln2 / 2, so exp(y) = 2^t exp(r); exp(r)
 # is a Taylor polynomial (error below one unit in the last place on that interval) and 2^t is
 # assembled from its bit pattern, (t + exponent bias) << mantissa bits. ln2 is split in a
-# short high part, so that t * LN2_HI is exact, and the rest (Cody & Waite). Arguments below
-# the smallest normal number's exponent give 0, so do masked scores (-inf).
+# short high part, so that t * ln2_hi is exact, and the rest (Cody & Waite). Arguments at or
+# below -708 (float64) or -87 (float32), where exp(y) nears the smallest normal number, give
+# 0, as do masked scores (-inf); such weights are below 1e-37 of the row's largest.
 
 @njit(**_JIT)
 def _exp_shifted_f64(x, n, shift, tmp):
-    # x, tmp: (>= n,) float64
+    # (4) e = exp(s - shift) in place.  x, tmp: (>= n,) float64
     bits = tmp.view(np.int64)
     for j in range(n):
         y = max(x[j] - shift, -708.0)
@@ -180,8 +181,8 @@ def _exp_shifted_f64(x, n, shift, tmp):
 
 @njit(**_JIT)
 def _exp_shifted_f32(x, n, shift, tmp):
-    # x, tmp: (>= n,) float32; float32 arithmetic so that 8 lanes fit one AVX register,
-    # and a polynomial of degree 7, enough for float32's 24-bit mantissa
+    # (4) e = exp(s - shift) in place.  x, tmp: (>= n,) float32. Float32 arithmetic, so that 8
+    # lanes fit one AVX register, and a polynomial of degree 7, enough for a 24-bit mantissa
     bits = tmp.view(np.int32)
     lo = np.float32(-87.0)
     shift_hi = np.float32(shift)  # shift = shift_hi + shift_lo keeps a float64 shift's
@@ -208,7 +209,7 @@ def _exp_shifted_numba(x, n, shift, tmp):
 
 @njit(**_JIT)
 def _key_end(i, b, t_q, t_k, causal, kv_len):
-    # query i of batch entry b sees keys j < _key_end: the causal triangle and the padding
+    # (3) the structured part of the mask: query i of batch entry b sees keys j < _key_end
     end = kv_len[b]
     if causal:
         end = min(end, i + 1 + t_k - t_q)
@@ -438,11 +439,11 @@ def _openblas_thread_functions():
 
     Numba's ``np.dot`` calls the BLAS of ``scipy.linalg.cython_blas``; SciPy's wheels ship an
     OpenBLAS that runs each call on its own pool of threads. Called from both of our parallel
-    loop's threads at once, those calls queue for the one pool and the loop is no faster than
-    a single thread (and OpenBLAS prints "Detect OpenMP Loop" warnings). So during a kernel
-    call OpenBLAS is set to run each call on the calling thread. Symbols are looked up through
-    the extension module, whose dependencies include the BLAS library (``dlsym`` semantics).
-    Other BLAS builds: ``None``, and nothing is changed.
+    loop's threads at once, those calls queue for the one pool: on 2 cores the kernel was then
+    slower on 2 threads than on 1 (and, with PyTorch loaded, OpenBLAS printed "Detect OpenMP
+    Loop" warnings). So during a kernel call OpenBLAS runs each call on the calling thread.
+    Symbols are looked up through the extension module, whose dependencies include the BLAS
+    library (``dlsym`` semantics). Other BLAS builds: ``None``, and nothing is changed.
     """
     try:
         import scipy.linalg.cython_blas as cython_blas
