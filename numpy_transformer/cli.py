@@ -43,6 +43,7 @@ from .runs import (
     resume_run,
     start_run,
 )
+from .threads import set_blas_threads
 
 PROG = "numpy-transformer"
 BENCHMARKS = {  # name -> script in the repository's benchmarks/ (source checkouts only)
@@ -244,6 +245,7 @@ MODEL_AND_TRAIN_DESTS = ("text", "width", "heads", "layers", "ffn_width", "max_l
 
 
 def cmd_train(args) -> int:
+    set_blas_threads(1)  # the numba kernels use the cores; see numpy_transformer/threads.py
     given = {k: getattr(args, k) for k in MODEL_AND_TRAIN_DESTS}
     if args.resume is not None:
         extra = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
@@ -262,6 +264,7 @@ def cmd_sample(args) -> int:
     from .generate import generate
     from .nn import DecoderLM
 
+    set_blas_threads(1)
     path = checkpoint_path(args.run)
     model, tokenizer, _ = model_from_checkpoint(path)
     if tokenizer is None or not isinstance(model, DecoderLM):

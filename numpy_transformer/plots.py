@@ -1,4 +1,4 @@
-"""The two pictures of a run folder: ``loss.png`` and ``attention.png``.
+"""The pictures of a run folder (``loss.png``, ``attention.png``) and of gradient statistics.
 
 matplotlib is used through its object API (``Figure`` + the Agg canvas), so drawing never
 touches pyplot's global state or needs a display.
@@ -45,6 +45,36 @@ def loss_plot(records: list[dict], path: Path) -> None:
     ax.set_ylabel("cross-entropy (nats)")
     ax.grid(alpha=0.3)
     ax.legend()
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def tensor_stats_plot(stats: list[dict], path: Path) -> None:
+    """Per-tensor gradient norm and update-to-weight ratio over training, one line a tensor.
+
+    ``stats`` is :attr:`numpy_transformer.train.Trainer.tensor_stats`: every ``stats_every``
+    steps, ``{"step": s, name: {"grad_norm": ..., "update_ratio": ...}, ...}``. The right
+    panel is the classic health check of a run: ``||dW|| / ||W||`` around 1e-3 per step.
+    """
+    from matplotlib.figure import Figure
+
+    if not stats:
+        raise ValueError("no tensor statistics to plot: train with Trainer(stats_every=N)")
+    steps = [s["step"] for s in stats]
+    names = [n for n in stats[0] if n != "step"]
+    fig = Figure(figsize=(11, 4.5))
+    axes = fig.subplots(1, 2)
+    for key, ax, label in (("grad_norm", axes[0], "gradient norm (after clipping)"),
+                           ("update_ratio", axes[1], "update / weight  ||dW|| / ||W||")):
+        for i, name in enumerate(names):
+            ax.plot(steps, [s[name][key] for s in stats], lw=1, color=f"C{i % 10}",
+                    label=name if key == "grad_norm" and len(names) <= 12 else None)
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    if len(names) <= 12:
+        axes[0].legend(fontsize=6)
     fig.tight_layout()
     _save(fig, path)
 

@@ -118,3 +118,25 @@ def test_named_access_to_activations_and_gradients_after_a_step():
     assert norm.cache.x_hat.shape == (4, 10, 16)
     with pytest.raises(ValueError, match="'block'"):
         model.submodule("decoder.block.0")
+
+
+def test_tensor_stats_plot(tmp_path):
+    from numpy_transformer.plots import tensor_stats_plot
+
+    ids = corpus()
+    schedule = window_schedule(len(ids), 10, 4, 4, np.random.default_rng(2))
+    trainer = Trainer(tiny_lm(), Adam(lr=1e-3), constant_lr(1e-3), stats_every=2)
+    trainer.fit(lm_batches(ids, schedule, 10), total=4, progress=False)
+    tensor_stats_plot(trainer.tensor_stats, tmp_path / "stats.png")
+    assert (tmp_path / "stats.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="stats_every"):
+        tensor_stats_plot([], tmp_path / "empty.png")
+
+
+def test_set_blas_threads():
+    from numpy_transformer.threads import _loaded_openblas, set_blas_threads
+
+    found = _loaded_openblas()  # NumPy's wheels ship OpenBLAS; other builds may have none
+    assert (set_blas_threads(1) >= 1) == bool(found)
+    with pytest.raises(ValueError, match="0"):
+        set_blas_threads(0)
