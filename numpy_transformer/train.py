@@ -180,7 +180,7 @@ class ProgressBar:
     def __init__(self, total: int, stream=None, width: int = 24) -> None:
         self.total, self.width = total, width
         self.stream = sys.stderr if stream is None else stream  # looked up now, not at import
-        self.tty = stream.isatty()
+        self.tty = self.stream.isatty()
         self.start = time.perf_counter()
         self.last_line = -1
 

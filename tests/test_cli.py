@@ -342,3 +342,9 @@ def test_interpreter_has_no_warnings_on_import():
     proc = subprocess.run([sys.executable, "-W", "error", "-c", "import numpy_transformer.cli"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_train_shows_progress_without_quiet(tmp_path):
+    code, _, err = run_cli(["train", *TINY, "--text", small_text(tmp_path), "--steps", "3",
+                            "--out", tmp_path / "run"])
+    assert code == 0 and "step 3/3" in err and "tok/s" in err

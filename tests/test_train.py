@@ -140,3 +140,14 @@ def test_set_blas_threads():
     assert (set_blas_threads(1) >= 1) == bool(found)
     with pytest.raises(ValueError, match="0"):
         set_blas_threads(0)
+
+
+def test_progress_bar_writes_to_stderr_when_not_a_terminal(capsys):
+    from numpy_transformer.train import ProgressBar, StepRecord
+
+    bar = ProgressBar(total=2)  # the stream is looked up now: pytest's captured stderr
+    bar.update(StepRecord(1, 2.5, 1e-3, 0.7, 1000.0))
+    bar.update(StepRecord(2, 2.25, 1e-3, 0.6, 1000.0))
+    bar.close()
+    err = capsys.readouterr().err
+    assert "step 2/2" in err and "loss 2.2500" in err and "tok/s" in err
