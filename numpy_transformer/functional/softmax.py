@@ -47,6 +47,38 @@ class CrossEntropyCache(NamedTuple):
     shape: tuple  # the logits' shape
 
 
+def counted_targets(logits: np.ndarray, targets: np.ndarray, ignore_index: int = -100,
+                    mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Validate the targets of a cross-entropy and weigh them: ``(flat_targets, weight)``.
+
+    ``flat_targets`` (N,) holds the target ids with 0 where a target is not counted;
+    ``weight`` (N,) is 1/count where counted and 0 elsewhere, in the logits' dtype. Shared by
+    the reference below and the fused kernel, so both refuse the same inputs the same way.
+    """
+    check_float("logits", logits)
+    targets = np.asarray(targets)
+    if not np.issubdtype(targets.dtype, np.integer):
+        raise ValueError(f"targets must be integer class ids, got dtype {targets.dtype}")
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets of shape {targets.shape} do not match logits {logits.shape}")
+    vocab = logits.shape[-1]
+    counted = targets != ignore_index
+    if mask is not None:
+        if np.shape(mask) != targets.shape:
+            raise ValueError(f"mask of shape {np.shape(mask)} does not match targets "
+                             f"{targets.shape}")
+        counted &= np.asarray(mask, dtype=bool)
+    bad = counted & ((targets < 0) | (targets >= vocab))
+    if bad.any():
+        raise ValueError(f"target id {targets[bad].flat[0]} is outside [0, {vocab})")
+    n = int(counted.sum())
+    if n == 0:
+        raise ValueError("cross_entropy has no counted target (all ignored or masked)")
+    flat_t = np.where(counted, targets, 0).reshape(-1).astype(np.int64)  # (N,)
+    weight = counted.reshape(-1).astype(logits.dtype) / logits.dtype.type(n)  # (N,)
+    return flat_t, weight
+
+
 def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index: int = -100,
                           mask: np.ndarray | None = None):
     """Mean negative log-likelihood of ``targets`` under ``softmax(logits)``.
@@ -75,28 +107,8 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
     -----
     (1) logp = log_softmax(logits)   (2) loss = -(1/N) sum_{counted n} logp[n, target_n]
     """
-    check_float("logits", logits)
-    targets = np.asarray(targets)
-    if not np.issubdtype(targets.dtype, np.integer):
-        raise ValueError(f"targets must be integer class ids, got dtype {targets.dtype}")
-    if targets.shape != logits.shape[:-1]:
-        raise ValueError(f"targets of shape {targets.shape} do not match logits {logits.shape}")
-    vocab = logits.shape[-1]
-    counted = targets != ignore_index
-    if mask is not None:
-        if np.shape(mask) != targets.shape:
-            raise ValueError(f"mask of shape {np.shape(mask)} does not match targets "
-                             f"{targets.shape}")
-        counted &= np.asarray(mask, dtype=bool)
-    bad = counted & ((targets < 0) | (targets >= vocab))
-    if bad.any():
-        raise ValueError(f"target id {targets[bad].flat[0]} is outside [0, {vocab})")
-    n = int(counted.sum())
-    if n == 0:
-        raise ValueError("cross_entropy has no counted target (all ignored or masked)")
-    flat_t = np.where(counted, targets, 0).reshape(-1)  # (N,)
-    logp = log_softmax(logits.reshape(-1, vocab))  # (1) (N, V)
-    weight = counted.reshape(-1).astype(logits.dtype) / logits.dtype.type(n)  # (N,)
+    flat_t, weight = counted_targets(logits, targets, ignore_index, mask)
+    logp = log_softmax(logits.reshape(-1, logits.shape[-1]))  # (1) (N, V)
     loss = -(logp[np.arange(flat_t.size), flat_t] * weight).sum()  # (2)
     return float(loss), CrossEntropyCache(np.exp(logp), flat_t, weight, logits.shape)
 

@@ -25,8 +25,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .._checks import check_float
-from ..functional.softmax import CrossEntropyCache
+from ..functional.softmax import CrossEntropyCache, counted_targets
 from .attention import exp_shifted  # the vectorised exp of the attention kernel (see there)
 
 # reassoc: SIMD row sums; error_model="numpy": x / 0 gives inf/NaN as in NumPy instead of
@@ -77,27 +76,8 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
 
     Same arguments, same ``ValueError`` cases, same returns ``(loss, CrossEntropyCache)``.
     """
-    check_float("logits", logits)
-    targets = np.asarray(targets)
-    if not np.issubdtype(targets.dtype, np.integer):
-        raise ValueError(f"targets must be integer class ids, got dtype {targets.dtype}")
-    if targets.shape != logits.shape[:-1]:
-        raise ValueError(f"targets of shape {targets.shape} do not match logits {logits.shape}")
+    flat_t, weight = counted_targets(logits, targets, ignore_index, mask)
     vocab = logits.shape[-1]
-    counted = targets != ignore_index
-    if mask is not None:
-        if np.shape(mask) != targets.shape:
-            raise ValueError(f"mask of shape {np.shape(mask)} does not match targets "
-                             f"{targets.shape}")
-        counted &= np.asarray(mask, dtype=bool)
-    bad = counted & ((targets < 0) | (targets >= vocab))
-    if bad.any():
-        raise ValueError(f"target id {targets[bad].flat[0]} is outside [0, {vocab})")
-    n = int(counted.sum())
-    if n == 0:
-        raise ValueError("cross_entropy has no counted target (all ignored or masked)")
-    flat_t = np.where(counted, targets, 0).reshape(-1).astype(np.int64)  # (N,)
-    weight = counted.reshape(-1).astype(logits.dtype) / logits.dtype.type(n)  # (N,)
     x = np.ascontiguousarray(logits).reshape(-1, vocab)  # (N, V)
     probs = np.empty_like(x)
     row_loss = np.empty(x.shape[0])  # float64
