@@ -3,7 +3,7 @@
 Usage (from the repository root)::
 
     python benchmarks/profile_train_step.py                  # chapter model, 1 thread
-    python benchmarks/profile_train_step.py --config small --threads 2
+    python benchmarks/profile_train_step.py --config small --threads 2   # Numba threads
     python benchmarks/profile_train_step.py --cprofile       # also the top of cProfile
 
 Every forward/backward of the step's pieces is wrapped in a timer (``time.perf_counter``):
@@ -20,9 +20,7 @@ import os
 import sys
 
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    if "--threads" in sys.argv:
-        os.environ.setdefault(_var, sys.argv[sys.argv.index("--threads") + 1])
-    os.environ.setdefault(_var, "1")  # before NumPy loads its BLAS
+    os.environ.setdefault(_var, "1")  # before NumPy loads its BLAS: the kernels' own threads
 
 import argparse  # noqa: E402
 import time  # noqa: E402
@@ -54,11 +52,9 @@ def timed(name: str, fn):
 
 def instrument_classes() -> None:
     """Wrap the layers' methods and the attention's module-level functions in timers (once)."""
-    nn_attention.linear_forward = timed("linear", nn_attention.linear_forward)
-    nn_attention.linear_backward = timed("linear", nn_attention.linear_backward)
     nn_attention.split_heads = timed("split/merge heads", nn_attention.split_heads)
     nn_attention.merge_heads = timed("split/merge heads", nn_attention.merge_heads)
-    for cls, name in ((layers.Linear, "linear"), (layers.LayerNorm, "norm"),
+    for cls, name in ((layers.LayerNorm, "norm"),
                       (layers.RMSNorm, "norm"), (layers.Embedding, "embedding + positions"),
                       (positional.SinusoidalPositions, "embedding + positions"),
                       (positional.LearnedPositions, "embedding + positions")):
@@ -67,11 +63,14 @@ def instrument_classes() -> None:
 
 
 def instrument(model) -> None:
-    """Wrap the pairs each instance chose at construction (attention core, activation)."""
+    """Wrap the pairs each instance chose at construction (linear, attention core, activation)."""
     stack = [model]
     while stack:
         m = stack.pop()
         stack.extend(m.children.values())
+        if hasattr(m, "affine_forward"):  # Linear, TiedOutput, MultiHeadAttention
+            m.affine_forward = timed("linear", m.affine_forward)
+            m.affine_backward = timed("linear", m.affine_backward)
         if isinstance(m, nn_attention.MultiHeadAttention):
             m.sdpa_forward = timed("attention core", m.sdpa_forward)
             m.sdpa_backward = timed("attention core", m.sdpa_backward)
@@ -119,7 +118,7 @@ def main() -> None:
                 totals[backend][k] += v / args.steps
     names = ["linear", "attention core", "split/merge heads", "norm", "activation",
              "embedding + positions", "cross-entropy", "clip", "adam"]
-    print(f"config {args.config}, {args.threads} thread(s) (numba and BLAS), mean ms per step "
+    print(f"config {args.config}, {args.threads} Numba thread(s), BLAS 1, mean ms per step "
           f"over {args.steps} steps, load average {os.getloadavg()[0]:.1f}")
     print("\n| component | numpy backend (ms) | numba backend (ms) |\n|---|---:|---:|")
     for name in names + ["rest"]:

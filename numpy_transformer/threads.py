@@ -12,7 +12,9 @@ works before NumPy is imported.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 
 # OpenBLAS builds name the setter differently: plain, scipy-openblas, 64-bit-integer variants
 _SETTERS = ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_",
@@ -55,3 +57,48 @@ def set_blas_threads(n: int) -> int:
                 count += 1
                 break
     return count
+
+
+def _openblas_thread_functions():
+    """``(get, set)`` for the thread count of the BLAS behind Numba's ``np.dot``, or ``None``.
+
+    Numba's ``np.dot`` calls the BLAS of ``scipy.linalg.cython_blas``; SciPy's wheels ship an
+    OpenBLAS that runs each call on its own pool of threads. Called from both of our parallel
+    loop's threads at once, those calls queue for the one pool: on 2 cores the kernel was then
+    slower on 2 threads than on 1 (and, with PyTorch loaded, OpenBLAS printed "Detect OpenMP
+    Loop" warnings). So during a kernel call OpenBLAS runs each call on the calling thread.
+    Symbols are looked up through the extension module, whose dependencies include the BLAS
+    library (``dlsym`` semantics). Other BLAS builds: ``None``, and nothing is changed.
+    """
+    try:
+        import scipy.linalg.cython_blas as cython_blas
+
+        lib = ctypes.CDLL(cython_blas.__file__)
+    except (ImportError, OSError):
+        return None
+    for prefix in ("scipy_openblas", "openblas"):
+        get = getattr(lib, prefix + "_get_num_threads", None)
+        set_ = getattr(lib, prefix + "_set_num_threads", None)
+        if get is not None and set_ is not None:
+            get.restype, set_.argtypes = ctypes.c_int, [ctypes.c_int]
+            return get, set_
+    return None
+
+
+@contextlib.contextmanager
+def blas_on_calling_thread():
+    """Within the block, every BLAS call of the Numba kernels runs on the thread that makes it."""
+    fns = _BLAS_THREADS()
+    if fns is None:
+        yield
+        return
+    get, set_ = fns
+    before = get()
+    set_(1)
+    try:
+        yield
+    finally:
+        set_(before)
+
+
+_BLAS_THREADS = functools.cache(_openblas_thread_functions)

@@ -59,8 +59,6 @@ Milakov & Gimelshein, "Online normalizer calculation for softmax", 2018 (the log
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import functools
 import math
 from typing import NamedTuple
@@ -73,6 +71,7 @@ from numba.extending import overload
 
 from ..functional.attention import check_attention_inputs
 from ..functional.masks import causal_mask
+from ..threads import blas_on_calling_thread
 
 # Query rows per block. Measured on the benchmark machine (2 MiB L2 per core, T up to 2048):
 # 128 rows were best overall among 32, 64, 128, 192 and 256 (64 is 5-20% slower: BLAS is less
@@ -434,49 +433,6 @@ def _flat_with_strides(x: np.ndarray | None, dtype):
     return x.reshape(-1), np.array(strides, dtype=np.int64), True
 
 
-def _openblas_thread_functions():
-    """``(get, set)`` for the thread count of the BLAS behind Numba's ``np.dot``, or ``None``.
-
-    Numba's ``np.dot`` calls the BLAS of ``scipy.linalg.cython_blas``; SciPy's wheels ship an
-    OpenBLAS that runs each call on its own pool of threads. Called from both of our parallel
-    loop's threads at once, those calls queue for the one pool: on 2 cores the kernel was then
-    slower on 2 threads than on 1 (and, with PyTorch loaded, OpenBLAS printed "Detect OpenMP
-    Loop" warnings). So during a kernel call OpenBLAS runs each call on the calling thread.
-    Symbols are looked up through the extension module, whose dependencies include the BLAS
-    library (``dlsym`` semantics). Other BLAS builds: ``None``, and nothing is changed.
-    """
-    try:
-        import scipy.linalg.cython_blas as cython_blas
-
-        lib = ctypes.CDLL(cython_blas.__file__)
-    except (ImportError, OSError):
-        return None
-    for prefix in ("scipy_openblas", "openblas"):
-        get = getattr(lib, prefix + "_get_num_threads", None)
-        set_ = getattr(lib, prefix + "_set_num_threads", None)
-        if get is not None and set_ is not None:
-            get.restype, set_.argtypes = ctypes.c_int, [ctypes.c_int]
-            return get, set_
-    return None
-
-
-@contextlib.contextmanager
-def _blas_on_calling_thread():
-    """Run every BLAS call of the kernels on the thread that makes it (see above)."""
-    fns = _BLAS_THREADS()
-    if fns is None:
-        yield
-        return
-    get, set_ = fns
-    before = get()
-    set_(1)
-    try:
-        yield
-    finally:
-        set_(before)
-
-
-_BLAS_THREADS = functools.cache(_openblas_thread_functions)
 
 
 def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
@@ -528,7 +484,7 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     v3 = np.ascontiguousarray(v).reshape(b * h, t_k, d)
     out = np.empty_like(q3)  # (BH, T_q, D)
     lse = np.empty((b * h, t_q), dtype=np.float64)  # (BH, T_q)
-    with _blas_on_calling_thread(), numba.parallel_chunksize(1):
+    with blas_on_calling_thread(), numba.parallel_chunksize(1):
         _sdpa_forward_kernel(q3, k3, v3, q.dtype.type(scale), h, causal, kv_len,
                              mask_flat, mstr, has_mask, bias_flat, bstr, has_bias,
                              numba.get_num_threads(), out, lse)
@@ -557,7 +513,7 @@ def sdpa_backward(dout, cache: SDPAKernelCache):
     dq = np.empty_like(q3)
     dk_part = np.empty((b * h, n_chunks, t_k, d), dtype=q3.dtype)
     dv_part = np.empty((b * h, n_chunks, t_k, d), dtype=q3.dtype)
-    with _blas_on_calling_thread(), numba.parallel_chunksize(1):
+    with blas_on_calling_thread(), numba.parallel_chunksize(1):
         _sdpa_backward_kernel(do3, q3, cache.k, cache.v, delta, cache.lse,
                               q3.dtype.type(cache.scale), h, cache.causal, cache.kv_len,
                               cache.mask, cache.mask_strides, cache.has_mask,

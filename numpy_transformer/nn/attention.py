@@ -14,9 +14,10 @@ import numpy as np
 
 from .._checks import check_float, check_last_dim, check_positive
 from ..functional import attention as numpy_attention
-from ..functional.linear import LinearCache, linear_backward, linear_forward
+from ..functional.linear import LinearCache
 from ..functional.masks import causal_mask
 from ..functional.positional import alibi_bias, rope_backward, rope_forward, rope_tables
+from .layers import linear_backend
 from .module import Module
 
 BACKENDS = ("numpy", "numba")
@@ -46,14 +47,17 @@ def merge_heads(x: np.ndarray) -> np.ndarray:
 
 
 class AttentionCache(NamedTuple):
-    q: LinearCache  # projection of the queries' source x (B, T_q, C)
-    k: LinearCache  # projection of the keys' source (B, T_k, C)
-    v: LinearCache  # projection of the values' source (B, T_k, C)
+    projections: tuple  # LinearCache of each stacked projection (1), see _groups
     sdpa: object  # the backend's own cache
     out: LinearCache  # output projection of the merged heads (B, T_q, C)
     cross: bool  # keys and values came from a context
     t_q: int
     t_k: int
+
+
+def _groups(cross: bool) -> tuple[str, ...]:
+    """The projections of (1) done as one product each; sources: x, or x and the context."""
+    return ("q", "kv") if cross else ("qkv",)
 
 
 class MultiHeadAttention(Module):
@@ -89,6 +93,8 @@ class MultiHeadAttention(Module):
     With ``src = x`` (self-attention) or ``src = context`` (cross-attention):
 
     (1) q = x wq + bq,  k = src wk + bk,  v = src wv + bv          (B, T, C)
+        computed as one product per source with the weights side by side: x [wq | wk | wv]
+        (C, 3C) in self-attention, x wq and context [wk | wv] in cross-attention
     (2) split into heads                                           (B, H, T, D)
     (3) q, k = rope(q), rope(k)                                    (if rope)
     (4) o = softmax(q k^T / sqrt(D) + alibi, masked) v             (B, H, T_q, D)
@@ -114,6 +120,7 @@ class MultiHeadAttention(Module):
         self.rope, self.alibi, self.max_len = rope, alibi, max_len
         self.backend, self.keep_weights = backend, keep_weights
         self.sdpa_forward, self.sdpa_backward = sdpa_backend(backend)
+        self.affine_forward, self.affine_backward = linear_backend(backend)
         if rope:
             if self.head_width % 2:
                 raise ValueError(f"rope needs an even head width, got width {width} / "
@@ -165,12 +172,17 @@ class MultiHeadAttention(Module):
         out : ndarray of shape (B, T_q, C)
         """
         self._check_inputs(x, context)
-        src = x if context is None else context
         p = self.params
-        q, q_cache = linear_forward(x, p["wq"], p["bq"])  # (1) (B, T_q, C)
-        k, k_cache = linear_forward(src, p["wk"], p["bk"])  # (B, T_k, C)
-        v, v_cache = linear_forward(src, p["wv"], p["bv"])
-        q, k, v = (split_heads(a, self.heads) for a in (q, k, v))  # (2) (B, H, T, D)
+        sources = (x,) if context is None else (x, context)
+        heads, caches = {}, []
+        for names, source in zip(_groups(context is not None), sources, strict=True):
+            w = np.concatenate([p["w" + n] for n in names], axis=1)  # (C, len(names) C)
+            b = np.concatenate([p["b" + n] for n in names])
+            y, y_cache = self.affine_forward(source, w, b)  # (1) (B, T, len(names) C)
+            caches.append(y_cache)
+            for i, n in enumerate(names):  # (2) (B, H, T, D), views into y
+                heads[n] = split_heads(y[..., i * self.width:(i + 1) * self.width], self.heads)
+        q, k, v = heads["q"], heads["k"], heads["v"]
         t_q, t_k = q.shape[2], k.shape[2]
         if self.rope:  # (3) self-attention: position p of q and of k is the same p
             cos, sin = self.buffers["rope_cos"][:t_q], self.buffers["rope_sin"][:t_q]
@@ -179,9 +191,9 @@ class MultiHeadAttention(Module):
         o, sdpa_cache = self.sdpa_forward(q, k, v, mask=mask, bias=bias)  # (4) (B, H, T_q, D)
         if self.keep_weights:
             self.weights = numpy_attention.attention_weights(q, k, mask=mask, bias=bias)
-        out, out_cache = linear_forward(merge_heads(o), p["wo"], p["bo"])  # (5), (6)
-        self.cache = AttentionCache(q_cache, k_cache, v_cache, sdpa_cache, out_cache,
-                                    context is not None, t_q, t_k)
+        out, out_cache = self.affine_forward(merge_heads(o), p["wo"], p["bo"])  # (5), (6)
+        self.cache = AttentionCache(tuple(caches), sdpa_cache, out_cache, context is not None,
+                                    t_q, t_k)
         return out
 
     def backward(self, dout: np.ndarray):
@@ -196,7 +208,7 @@ class MultiHeadAttention(Module):
         """
         c = self.cache
         # (6) out = o wo + bo
-        do, dwo, dbo = linear_backward(dout, c.out)
+        do, dwo, dbo = self.affine_backward(dout, c.out)
         self.grads["wo"] += dwo
         self.grads["bo"] += dbo
         # (5) merge heads  =>  split the gradient the same way
@@ -207,18 +219,21 @@ class MultiHeadAttention(Module):
         if self.rope:
             cos, sin = self.buffers["rope_cos"][: c.t_q], self.buffers["rope_sin"][: c.t_q]
             dq, dk = rope_backward(dq, cos, sin), rope_backward(dk, cos, sin)
-        # (2) split heads  =>  merge the gradients
-        dq, dk, dv = merge_heads(dq), merge_heads(dk), merge_heads(dv)  # (B, T, C)
-        # (1) the three projections
-        dx, dwq, dbq = linear_backward(dq, c.q)
-        dsrc_k, dwk, dbk = linear_backward(dk, c.k)
-        dsrc_v, dwv, dbv = linear_backward(dv, c.v)
-        for name, grad in (("wq", dwq), ("bq", dbq), ("wk", dwk), ("bk", dbk),
-                           ("wv", dwv), ("bv", dbv)):
-            self.grads[name] += grad
-        if c.cross:
-            return dx, dsrc_k + dsrc_v
-        return dx + dsrc_k + dsrc_v  # x fed q, k and v: its gradient is the sum of all three
+        # (2) split heads  =>  merge the gradients, each group side by side as (1) stacked them
+        grads, dsources = {"q": dq, "k": dk, "v": dv}, []
+        for names, y_cache in zip(_groups(c.cross), c.projections, strict=True):
+            b, _, t, d = grads[names[0]].shape
+            dy = np.empty((b, t, len(names), self.heads, d), dtype=dq.dtype)  # (B, T, n, H, D)
+            for i, n in enumerate(names):
+                dy[:, :, i] = grads[n].transpose(0, 2, 1, 3)
+            # (1) y = source [w_1 | .. | w_n] + [b_1 | .. | b_n]
+            dsource, dw, db = self.affine_backward(dy.reshape(b, t, -1), y_cache)
+            for i, n in enumerate(names):
+                self.grads["w" + n] += dw[:, i * self.width:(i + 1) * self.width]
+                self.grads["b" + n] += db[i * self.width:(i + 1) * self.width]
+            dsources.append(dsource)
+        # self-attention: x fed q, k and v, and the stacked product already summed the paths
+        return tuple(dsources) if c.cross else dsources[0]
 
     # --- incremental decoding (inference only, no backward) ---
     # Generating one token at a time, a causal self-attention would recompute the keys and

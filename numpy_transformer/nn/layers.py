@@ -49,6 +49,16 @@ def _check_backend(backend: str) -> None:
         raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
 
 
+def linear_backend(backend: str):
+    """``(linear_forward, linear_backward)`` of the backend ``"numpy"`` or ``"numba"``."""
+    _check_backend(backend)
+    if backend == "numba":
+        from ..kernels import linear as fast  # lazy: compiles on first import
+
+        return fast.linear_forward, fast.linear_backward
+    return linear_forward, linear_backward
+
+
 def _generator(rng: np.random.Generator | None) -> np.random.Generator:
     """The given generator, or a fresh unseeded one (models always pass a seeded generator)."""
     return np.random.default_rng() if rng is None else rng
@@ -65,6 +75,8 @@ class Linear(Module):
     dtype : dtype, default float64
     rng : np.random.Generator, optional
         Source of the initial values.
+    backend : {"numpy", "numba"}, default "numpy"
+        ``"numba"`` splits the rows over the cores (``kernels/linear.py``).
 
     Notes
     -----
@@ -73,8 +85,9 @@ class Linear(Module):
     """
 
     def __init__(self, in_width: int, out_width: int, bias: bool = True, *, dtype=np.float64,
-                 rng: np.random.Generator | None = None) -> None:
+                 rng: np.random.Generator | None = None, backend: str = "numpy") -> None:
         super().__init__()
+        self.affine_forward, self.affine_backward = linear_backend(backend)
         check_positive("in_width", in_width, integer=True)
         check_positive("out_width", out_width, integer=True)
         rng = _generator(rng)
@@ -86,12 +99,12 @@ class Linear(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (..., C_in) -> out : (..., C_out)."""
-        out, self.cache = linear_forward(x, self.params["w"], self.params.get("b"))
+        out, self.cache = self.affine_forward(x, self.params["w"], self.params.get("b"))
         return out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout : (..., C_out) -> dx : (..., C_in); adds into ``grads["w"]`` and ``grads["b"]``."""
-        dx, dw, db = linear_backward(dout, self.cache)
+        dx, dw, db = self.affine_backward(dout, self.cache)
         self.grads["w"] += dw
         if db is not None:
             self.grads["b"] += db
@@ -151,25 +164,28 @@ class TiedOutput(Module):
     embedding : Embedding
         The input embedding whose table (V, C) doubles as the output weight. It is not
         registered as a child, so the shared table is counted and saved once.
+    backend : {"numpy", "numba"}, default "numpy"
+        As for :class:`Linear`.
 
     References
     ----------
     Press & Wolf, "Using the Output Embedding to Improve Language Models", 2017.
     """
 
-    def __init__(self, embedding: Embedding) -> None:
+    def __init__(self, embedding: Embedding, backend: str = "numpy") -> None:
         super().__init__()
         self.embedding = embedding
+        self.affine_forward, self.affine_backward = linear_backend(backend)
         self.cache = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (B, T, C) -> logits : (B, T, V)."""
-        out, self.cache = linear_forward(x, self.embedding.params["table"].T)
+        out, self.cache = self.affine_forward(x, self.embedding.params["table"].T)
         return out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout : (B, T, V) -> dx : (B, T, C); adds into the embedding's ``grads["table"]``."""
-        dx, dw, _ = linear_backward(dout, self.cache)  # dw is d(table^T), shape (C, V)
+        dx, dw, _ = self.affine_backward(dout, self.cache)  # dw is d(table^T), shape (C, V)
         self.embedding.grads["table"] += dw.T
         return dx
 
@@ -318,8 +334,9 @@ class FeedForward(Module):
     dtype : dtype, default float64
     rng : np.random.Generator, optional
     backend : {"numpy", "numba"}, default "numpy"
-        With ``"numba"``, ReLU and exact GELU run the fused pairs of ``kernels.activations``;
-        ``gelu_tanh`` and ``swiglu`` have no kernel and use the reference either way.
+        With ``"numba"``, the three linear maps run on every core (``kernels.linear``), ReLU and
+        exact GELU run the fused pairs of ``kernels.activations``; ``gelu_tanh`` and ``swiglu``
+        have no kernel and use the reference either way.
 
     Notes
     -----
@@ -343,9 +360,11 @@ class FeedForward(Module):
         rng = _generator(rng)
         self.activation = activation
         if activation == "swiglu":
-            self.gate = self.add("gate", Linear(width, hidden, dtype=dtype, rng=rng))
-        self.up = self.add("up", Linear(width, hidden, dtype=dtype, rng=rng))
-        self.down = self.add("down", Linear(hidden, width, dtype=dtype, rng=rng))
+            self.gate = self.add("gate", Linear(width, hidden, dtype=dtype, rng=rng,
+                                                backend=backend))
+        self.up = self.add("up", Linear(width, hidden, dtype=dtype, rng=rng, backend=backend))
+        self.down = self.add("down", Linear(hidden, width, dtype=dtype, rng=rng,
+                                            backend=backend))
         # the elementwise pair, chosen once; swiglu's pair takes two inputs and is called apart
         if activation == "relu":
             self.act_forward, self.act_backward = relu_forward, relu_backward

@@ -48,7 +48,7 @@ class Embeddings(Module):
         self.vocab, self.width = config.vocab, width
         std = 1.0 / np.sqrt(width) if config.embed_std is None else config.embed_std
         self.tokens = self.add("tokens", Embedding(config.vocab, width, std, dtype=dtype, rng=rng,
-                                                       backend=config.backend))
+                                                   backend=config.backend))
         self.scale = float(np.sqrt(width)) if config.embed_scale else 1.0
         self.positions = None  # rope, alibi and none add nothing here
         if config.positions == "sinusoidal":
@@ -216,7 +216,8 @@ class EncoderClassifier(Module):
         rng = np.random.default_rng(config.seed)
         self.encoder = self.add("encoder", Encoder(config, rng))
         self.head = self.add("head", Linear(config.width, config.num_classes,
-                                            dtype=np.dtype(config.dtype), rng=rng))
+                                            dtype=np.dtype(config.dtype), rng=rng,
+                                            backend=config.backend))
 
     def forward(self, tokens: np.ndarray, lengths: np.ndarray | None = None) -> np.ndarray:
         """tokens : int (B, T), lengths : int (B,) optional -> logits (B, T, num_classes).
@@ -257,10 +258,12 @@ class DecoderLM(Module):
         rng = np.random.default_rng(config.seed)
         self.decoder = self.add("decoder", Decoder(config, rng))
         if config.tie_embeddings:
-            self.head = self.add("head", TiedOutput(self.decoder.embed.tokens))
+            self.head = self.add("head", TiedOutput(self.decoder.embed.tokens,
+                                                    backend=config.backend))
         else:
             self.head = self.add("head", Linear(config.width, config.vocab,
-                                                dtype=np.dtype(config.dtype), rng=rng))
+                                                dtype=np.dtype(config.dtype), rng=rng,
+                                                backend=config.backend))
 
     def forward(self, tokens: np.ndarray) -> np.ndarray:
         """tokens : int (B, T) -> logits (B, T, V); position t sees tokens 0 .. t only."""
@@ -302,10 +305,12 @@ class EncoderDecoder(Module):
         self.encoder = self.add("encoder", Encoder(config, rng))
         self.decoder = self.add("decoder", Decoder(config, rng, cross=True))
         if config.tie_embeddings:
-            self.head = self.add("head", TiedOutput(self.decoder.embed.tokens))
+            self.head = self.add("head", TiedOutput(self.decoder.embed.tokens,
+                                                    backend=config.backend))
         else:
             self.head = self.add("head", Linear(config.width, config.vocab,
-                                                dtype=np.dtype(config.dtype), rng=rng))
+                                                dtype=np.dtype(config.dtype), rng=rng,
+                                                backend=config.backend))
 
     def forward(self, src: np.ndarray, tgt: np.ndarray,
                 src_lengths: np.ndarray | None = None) -> np.ndarray:

@@ -1,0 +1,117 @@
+"""The affine map ``out = x @ w + b`` on every core: a drop-in for ``functional/linear.py``.
+
+Same contract as the readable reference (read that file first; ``tests/test_kernel_linear.py``
+checks this one against it, float32 and float64):
+
+* ``out, cache = linear_forward(x, w, b=None)``
+* ``dx, dw, db = linear_backward(dout, cache)``
+
+with the very same ``LinearCache``.
+
+Why a kernel pays: the matrix products of the linear layers are most of a training step, and
+NumPy hands each one to its BLAS, which can use several cores only with its own thread pool.
+The attention and norm kernels use Numba's pool; two pools spinning on two cores took turns
+stalling each other (a step 2-4x slower, ``benchmarks/README.md``), so the BLAS runs on one
+thread and a product of a (6400, 84) matrix ran on one core. Here the rows are cut into
+chunks that Numba's threads multiply side by side, each chunk one single-threaded BLAS call:
+
+    out[rows] = x[rows] w + b                       (1), one chunk per work item
+    dx[rows]  = dout[rows] w^T                      (1) backward, same chunks
+    dw = sum_chunks x[rows]^T dout[rows],  db = sum_chunks sum_rows dout[rows]
+
+The weight gradient sums over all rows, so each chunk writes its own partial product and the
+partials are added at the end. The chunks depend only on the number of rows, never on the
+thread count, so a result is bit-for-bit the same on 1 or 2 threads. ``db`` accumulates in
+float64. Inputs with fewer than ``_MIN_ROWS`` rows (a generation step) go to the reference:
+there a single BLAS call is cheaper than starting the threads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .._checks import check_float, check_last_dim
+from ..functional import linear as reference
+from ..functional.linear import LinearCache
+from ..threads import blas_on_calling_thread
+
+_MIN_ROWS = 256  # fewer rows: the reference's one BLAS call
+_CHUNK_ROWS = 128  # chunks are at least this tall ...
+_MAX_CHUNKS = 8  # ... and at most this many: 4 per thread on 2 cores
+_JIT = dict(cache=True, nogil=True)
+
+
+def _chunks(n: int) -> int:
+    return min(_MAX_CHUNKS, max(1, n // _CHUNK_ROWS))
+
+
+@njit(parallel=True, **_JIT)
+def _forward_kernel(x, w, b, has_bias, n_chunks, out):  # pragma: no cover - compiled
+    # (1) out = x w + b, chunk by chunk.  x: (N, C_in), w: (C_in, C_out), out: (N, C_out)
+    n = x.shape[0]
+    step = -(-n // n_chunks)
+    for c in prange(n_chunks):
+        lo, hi = c * step, min(n, (c + 1) * step)
+        o = out[lo:hi]
+        np.dot(x[lo:hi], w, o)  # (1) x w
+        if has_bias:
+            for i in range(hi - lo):
+                for j in range(o.shape[1]):
+                    o[i, j] += b[j]  # (1) + b
+
+
+@njit(parallel=True, **_JIT)
+def _backward_kernel(dout, x, w, has_bias, n_chunks, dx, dw_part, db_part):
+    # pragma: no cover - compiled
+    # dout: (N, C_out), x: (N, C_in), w: (C_in, C_out) -> dx: (N, C_in),
+    # dw_part: (chunks, C_in, C_out), db_part: (chunks, C_out) float64
+    n = x.shape[0]
+    step = -(-n // n_chunks)
+    for c in prange(n_chunks):
+        lo, hi = c * step, min(n, (c + 1) * step)
+        g = dout[lo:hi]
+        # (1) out = x w + b   =>   dx = dout w^T,  dw = x^T dout,  db = sum_N dout
+        np.dot(g, w.T, dx[lo:hi])
+        np.dot(x[lo:hi].T, g, dw_part[c])
+        if has_bias:
+            acc = db_part[c]
+            for i in range(hi - lo):
+                for j in range(g.shape[1]):
+                    acc[j] += g[i, j]
+
+
+def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
+    """Affine map over the last axis; see ``functional.linear.linear_forward``."""
+    check_float("x", x)
+    check_last_dim("x", x, w.shape[0])
+    x2 = np.ascontiguousarray(x).reshape(-1, w.shape[0])  # (N, C_in)
+    if x2.shape[0] < _MIN_ROWS:
+        return reference.linear_forward(x, w, b)
+    w = w.astype(x.dtype, copy=False)
+    out = np.empty((x2.shape[0], w.shape[1]), dtype=x.dtype)  # (N, C_out)
+    has_bias = b is not None
+    bias = b.astype(x.dtype, copy=False) if has_bias else w[0]  # w[0]: an unused stand-in
+    with blas_on_calling_thread():
+        _forward_kernel(x2, w, bias, has_bias, _chunks(x2.shape[0]), out)
+    return out.reshape(x.shape[:-1] + (w.shape[1],)), LinearCache(x2.reshape(x.shape), w, has_bias)
+
+
+def linear_backward(dout: np.ndarray, cache: LinearCache):
+    """Returns ``(dx, dw, db)``; see ``functional.linear.linear_backward``."""
+    x, w, has_bias = cache
+    c_in, c_out = w.shape
+    x2 = x.reshape(-1, c_in)
+    dout2 = np.ascontiguousarray(dout, dtype=x.dtype).reshape(-1, c_out)  # (N, C_out)
+    n = x2.shape[0]
+    if n < _MIN_ROWS:
+        return reference.linear_backward(dout, cache)
+    chunks = _chunks(n)
+    dx = np.empty_like(x2)  # (N, C_in)
+    dw_part = np.empty((chunks, c_in, c_out), dtype=x.dtype)
+    db_part = np.zeros((chunks, c_out))
+    with blas_on_calling_thread():
+        _backward_kernel(dout2, x2, w, has_bias, chunks, dx, dw_part, db_part)
+    dx = dx.reshape(dout.shape[:-1] + (c_in,))
+    db = db_part.sum(axis=0).astype(x.dtype) if has_bias else None
+    return dx, dw_part.sum(axis=0), db
