@@ -1,0 +1,136 @@
+"""``kernels/linear.py`` (rows split over Numba's threads) against ``functional/linear.py``.
+
+The kernel cuts the rows into chunks and adds per-chunk weight gradients at the end, so the
+tests use enough rows for several chunks (at least ``_MIN_ROWS``, below which the kernel hands
+over to the reference), random upstream gradients, float64 (1e-12) and float32 (1e-5).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from _nn_helpers import assert_gradcheck
+
+from numpy_transformer.functional import linear as ref
+from numpy_transformer.gradcheck import check_module
+from numpy_transformer.kernels import linear as fast
+from numpy_transformer.nn import Linear, MultiHeadAttention
+
+TOL = {np.float64: 1e-12, np.float32: 1e-5}
+
+
+def rel_err(a, b) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def _problem(shape, c_out, dtype, seed=0, weight_order="C"):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(dtype)
+    w = np.asarray(rng.standard_normal((shape[-1], c_out)), dtype=dtype, order=weight_order)
+    b = rng.standard_normal(c_out).astype(dtype)
+    g = rng.standard_normal(shape[:-1] + (c_out,)).astype(dtype)
+    return x, w, b, g
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape, c_out", [((4, 100, 12), 7), ((1301, 5), 9), ((2, 3, 50, 8), 3)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("weight_order", ["C", "F"])  # "F": a tied output's table.T
+def test_linear_kernel_matches_reference(shape, c_out, dtype, bias, weight_order):
+    x, w, b, g = _problem(shape, c_out, dtype, weight_order=weight_order)
+    b = b if bias else None
+    assert x.reshape(-1, shape[-1]).shape[0] >= fast._MIN_ROWS  # the kernel, not the fallback
+    out_r, cache_r = ref.linear_forward(x, w, b)
+    out_f, cache_f = fast.linear_forward(x, w, b)
+    assert type(cache_f) is type(cache_r) and out_f.dtype == dtype
+    assert rel_err(out_f, out_r) <= TOL[dtype]
+    grads_r = ref.linear_backward(g, cache_r)
+    grads_f = fast.linear_backward(g, cache_f)
+    for name, got, want in zip(("dx", "dw", "db"), grads_f, grads_r, strict=True):
+        if want is None:
+            assert got is None, name
+            continue
+        assert got.dtype == dtype and got.shape == want.shape, name
+        assert rel_err(got, want) <= TOL[dtype], f"{name}: {rel_err(got, want):.3g}"
+
+
+def test_few_rows_take_the_reference_path_bit_for_bit():
+    x, w, b, g = _problem((3, 7, 6), 4, np.float64)  # 21 rows: one BLAS call beats threads
+    out_r, cache_r = ref.linear_forward(x, w, b)
+    out_f, cache_f = fast.linear_forward(x, w, b)
+    np.testing.assert_array_equal(out_f, out_r)
+    for got, want in zip(fast.linear_backward(g, cache_f), ref.linear_backward(g, cache_r),
+                         strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_linear_kernel_does_not_depend_on_the_thread_count():
+    x, w, b, g = _problem((8, 200, 16), 24, np.float32)
+    before, results = numba.get_num_threads(), []
+    try:
+        for n in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+            numba.set_num_threads(n)
+            out, cache = fast.linear_forward(x, w, b)
+            results.append((out, *fast.linear_backward(g, cache)))
+    finally:
+        numba.set_num_threads(before)
+    for got, want in zip(results[-1], results[0], strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_linear_kernel_rejects_bad_input_as_the_reference():
+    x, w, b, _ = _problem((300, 6), 4, np.float64)
+    with pytest.raises(ValueError, match="last"):
+        fast.linear_forward(x[:, :5], w, b)
+    with pytest.raises(ValueError):
+        fast.linear_forward(x.astype(np.int64), w, b)
+
+
+def test_linear_module_on_the_kernel_passes_gradcheck():
+    rng = np.random.default_rng(3)
+    layer = Linear(6, 5, dtype=np.float64, rng=rng, backend="numba")
+    x = rng.standard_normal((2, 150, 6))  # 300 rows: several chunks
+    assert_gradcheck(check_module(layer, {"x": x}), layer)
+
+
+def test_gradcheck_catches_a_wrong_last_chunk(monkeypatch):
+    """Negative control: a backward that gets only the last chunk's rows wrong must fail."""
+    rng = np.random.default_rng(3)
+    layer = Linear(6, 5, dtype=np.float64, rng=rng, backend="numba")
+    right = layer.affine_backward
+
+    def wrong(dout, cache):
+        dx, dw, db = right(dout, cache)
+        dx = dx.copy()
+        dx[-1, -1] *= 1.01  # the last row belongs to the last chunk
+        return dx, dw, db
+
+    monkeypatch.setattr(layer, "affine_backward", wrong)
+    x = rng.standard_normal((2, 150, 6))
+    assert not check_module(layer, {"x": x}).ok(1e-6)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_attention_projections_on_the_kernel_equal_the_reference(cross):
+    """Stacked q/k/v (or k/v) products through the kernel: same outputs and gradients.
+
+    ``bk`` has a true gradient of exactly zero (see ``zero_gradient_names``): both sides are
+    rounding noise there, judged by absolute error."""
+    rng = np.random.default_rng(5)
+    x, ctx, g = (rng.standard_normal((2, 150, 16)) for _ in range(3))
+    results = []
+    for backend in ("numpy", "numba"):
+        attn = MultiHeadAttention(16, 4, backend=backend, rng=np.random.default_rng(9))
+        out = attn.forward(x, ctx if cross else None)
+        dins = attn.backward(g)
+        dins = dins if cross else (dins,)
+        results.append({"out": out, **dict(enumerate(dins)), **attn.grads})
+    for name, want in results[0].items():
+        got = results[1][name]
+        if name == "bk":
+            assert np.abs(got - want).max() <= 1e-12
+        else:
+            assert rel_err(got, want) <= 1e-12, name
