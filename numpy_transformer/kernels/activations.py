@@ -22,7 +22,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .attention import exp_shifted  # the vectorised exp of the attention kernel (see there)
+from .special import exp_shifted
 
 # error_model="numpy": x / 0 gives inf or NaN as in NumPy instead of raising ZeroDivisionError;
 # the check for that error kept the compiler from vectorising any loop with a division (5x).
@@ -135,7 +135,7 @@ def _gelu_backward_f32(dout, x, dx):  # pragma: no cover - compiled
         e = np.empty(hi - lo, np.float32)
         for j in range(lo, hi):
             e[j - lo] = -half * x[j] * x[j]
-        exp_shifted(e, hi - lo, 0.0, np.empty(hi - lo, np.float32))  # e = exp(-x^2 / 2)
+        exp_shifted(e, hi - lo, 0.0)  # e = exp(-x^2 / 2)
         for j in range(lo, hi):
             cdf = half * (one + _erf_f32(x[j] * c))  # Phi(x)
             dx[j] = dout[j] * (cdf + x[j] * e[j - lo] * c_pdf)  # Phi + x phi

@@ -66,12 +66,11 @@ from typing import NamedTuple
 import numba
 import numpy as np
 from numba import njit, prange
-from numba.core import types
-from numba.extending import overload
 
 from ..functional.attention import check_attention_inputs
 from ..functional.masks import causal_mask
 from ..threads import blas_on_calling_thread
+from .special import exp_shifted
 
 # Query rows per block. Measured on the benchmark machine (2 MiB L2 per core, T up to 2048):
 # 128 rows were best overall among 32, 64, 128, 192 and 256 (64 is 5-20% slower: BLAS is less
@@ -141,71 +140,6 @@ def _row_sum(x, n, acc):
     return total
 
 
-def exp_shifted(x, n, shift, tmp):
-    """``x[:n] = exp(x[:n] - shift)`` in place, for ``x <= shift``; ``tmp`` is scratch like x.
-
-    ``-inf`` entries (masked scores) become exactly 0. NumPy reference, and what runs when
-    this is called from plain Python: ``x[:n] = np.exp(x[:n] - shift)``. In compiled code the
-    name resolves to ``_exp_shifted_f32`` or ``_exp_shifted_f64`` by x's dtype.
-    """
-    x[:n] = np.exp(x[:n] - shift)
-
-
-# Why exp is written out: without Intel's SVML library Numba calls libm's scalar exp once per
-# element, several times slower than the rest of a row's work put together. The method: write
-# y = x - shift = t ln2 + r with integer t and |r| <= ln2 / 2, so exp(y) = 2^t exp(r); exp(r)
-# is a Taylor polynomial (error below one unit in the last place on that interval) and 2^t is
-# assembled from its bit pattern, (t + exponent bias) << mantissa bits. ln2 is split in a
-# short high part, so that t * ln2_hi is exact, and the rest (Cody & Waite). Arguments at or
-# below -708 (float64) or -87 (float32), where exp(y) nears the smallest normal number, give
-# 0, as do masked scores (-inf); such weights are below 1e-37 of the row's largest.
-
-@njit(**_JIT)
-def _exp_shifted_f64(x, n, shift, tmp):
-    # (4) e = exp(s - shift) in place.  x, tmp: (>= n,) float64
-    bits = tmp.view(np.int64)
-    for j in range(n):
-        y = max(x[j] - shift, -708.0)
-        t = np.floor(y * 1.4426950408889634 + 0.5)  # t = round(y / ln2)
-        r = (y - t * 6.93147180369123816490e-01) - t * 1.90821492927058770002e-10
-        x[j] = 1.0 + r * (1.0 + r * (1 / 2 + r * (1 / 6 + r * (1 / 24 + r * (1 / 120 + r * (
-            1 / 720 + r * (1 / 5040 + r * (1 / 40320 + r * (1 / 362880 + r * (
-                1 / 3628800 + r * (1 / 39916800 + r * (1 / 479001600 + r * (
-                    1 / 6227020800)))))))))))))  # exp(r)
-        bits[j] = (np.int64(t) + 1023) << 52 if y > -708.0 else 0  # 2^t, or 0 -> exp = 0
-    two_t = tmp.view(np.float64)
-    for j in range(n):
-        x[j] *= two_t[j]
-
-
-@njit(**_JIT)
-def _exp_shifted_f32(x, n, shift, tmp):
-    # (4) e = exp(s - shift) in place.  x, tmp: (>= n,) float32. Float32 arithmetic, so that 8
-    # lanes fit one AVX register, and a polynomial of degree 7, enough for a 24-bit mantissa
-    bits = tmp.view(np.int32)
-    lo = np.float32(-87.0)
-    shift_hi = np.float32(shift)  # shift = shift_hi + shift_lo keeps a float64 shift's
-    shift_lo = np.float32(shift - shift_hi)  # precision in float32 arithmetic
-    for j in range(n):
-        y = max((x[j] - shift_hi) - shift_lo, lo)
-        t = np.floor(y * np.float32(1.4426950408889634) + np.float32(0.5))
-        r = (y - t * np.float32(0.693359375)) - t * np.float32(-2.12194440e-4)
-        x[j] = np.float32(1.0) + r * (np.float32(1.0) + r * (np.float32(1 / 2) + r * (
-            np.float32(1 / 6) + r * (np.float32(1 / 24) + r * (np.float32(1 / 120) + r * (
-                np.float32(1 / 720) + r * np.float32(1 / 5040)))))))
-        bits[j] = (np.int32(t) + np.int32(127)) << np.int32(23) if y > lo else np.int32(0)
-    two_t = tmp.view(np.float32)
-    for j in range(n):
-        x[j] *= two_t[j]
-
-
-@overload(exp_shifted, jit_options=_JIT)
-def _exp_shifted_numba(x, n, shift, tmp):
-    if x.dtype == types.float32:
-        return lambda x, n, shift, tmp: _exp_shifted_f32(x, n, shift, tmp)
-    return lambda x, n, shift, tmp: _exp_shifted_f64(x, n, shift, tmp)
-
-
 @njit(**_JIT)
 def _key_end(i, b, t_q, t_k, causal, kv_len):
     # (3) the structured part of the mask: query i of batch entry b sees keys j < _key_end
@@ -218,7 +152,8 @@ def _key_end(i, b, t_q, t_k, causal, kv_len):
 @njit(**_JIT)
 def _scores_row(row, kend, b, h, i, mask, mstr, has_mask, bias, bstr, has_bias):
     # (2)-(3) in place on one row of (q * scale) k^T: s += bias; s = -inf where masked.
-    # row: (k_hi,) scores of query i; keys from kend on are hidden (causal, padding)
+    # row: (k_hi,) scores of query i; keys from kend on are hidden (causal, padding) and left
+    # alone: the callers set their weights to 0 without computing them
     if has_bias:
         base = b * bstr[0] + h * bstr[1] + i * bstr[2]
         for j in range(kend):
@@ -228,7 +163,6 @@ def _scores_row(row, kend, b, h, i, mask, mstr, has_mask, bias, bstr, has_bias):
         for j in range(kend):
             if not mask[base + j * mstr[3]]:
                 row[j] = -np.inf
-    row[kend:] = -np.inf
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,7 +182,6 @@ def _sdpa_forward_kernel(q, k, v, scale, heads, causal, kv_len,
     # thread takes: allocating a block's buffers inside the loop made the OS hand out, and
     # zero, fresh pages for every block, which cost a third of the backward pass's time
     s_scratch = np.empty((n_threads, _BLOCK_Q * t_k), q.dtype)  # one block's scores
-    tmp_scratch = np.empty((n_threads, t_k), q.dtype)
     qs_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)
     o_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)
     inv_z_scratch = np.empty((n_threads, _BLOCK_Q))
@@ -270,7 +203,7 @@ def _sdpa_forward_kernel(q, k, v, scale, heads, causal, kv_len,
         np.multiply(q[bh, i0:i1], scale, qs)  # q * scale
         e = s_scratch[tid, :n * k_hi].reshape((n, k_hi))  # (n, k_hi)
         np.dot(qs, k[bh, :k_hi].T, e)  # (1) s = q k^T * scale
-        tmp, acc, inv_z = tmp_scratch[tid], acc_scratch[tid], inv_z_scratch[tid]
+        acc, inv_z = acc_scratch[tid], inv_z_scratch[tid]
         for r in range(n):
             i = i0 + r
             row = e[r]
@@ -282,7 +215,8 @@ def _sdpa_forward_kernel(q, k, v, scale, heads, causal, kv_len,
                 lse[bh, i] = -np.inf
                 inv_z[r] = 0.0
                 continue
-            exp_shifted(row, k_hi, m, tmp)  # e = exp(s - m), 0 where masked
+            exp_shifted(row, kend, m)  # e = exp(s - m), 0 where masked
+            row[kend:] = 0.0  # hidden by the causal or padding structure
             z = _row_sum(row, kend, acc)
             lse[bh, i] = m + math.log(z)
             inv_z[r] = 1.0 / z
@@ -310,7 +244,6 @@ def _sdpa_backward_kernel(dout, q, k, v, delta, lse, scale, heads, causal, kv_le
     # scratch, one row per thread (see the forward)
     p_scratch = np.empty((n_threads, _BLOCK_Q * t_k), q.dtype)
     ds_scratch = np.empty((n_threads, _BLOCK_Q * t_k), q.dtype)
-    tmp_scratch = np.empty((n_threads, t_k), q.dtype)
     qs_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)
     dq_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)
     kd_scratch = np.empty((n_threads, t_k * d), q.dtype)
@@ -339,7 +272,6 @@ def _sdpa_backward_kernel(dout, q, k, v, delta, lse, scale, heads, causal, kv_le
             np.dot(qs, k[bh, :k_hi].T, p)  # (1) s = q k^T * scale, again  (n, k_hi)
             ds = ds_scratch[tid, :n * k_hi].reshape((n, k_hi))
             np.dot(do_blk, v[bh, :k_hi].T, ds)  # (5) out = p v  =>  dp = dout v^T
-            tmp = tmp_scratch[tid]
             for r in range(n):
                 i = i0 + r
                 prow, dsrow = p[r], ds[r]
@@ -349,12 +281,14 @@ def _sdpa_backward_kernel(dout, q, k, v, delta, lse, scale, heads, causal, kv_le
                     continue
                 kend = min(_key_end(i, b, t_q, t_k, causal, kv_len), k_hi)
                 _scores_row(prow, kend, b, h, i, mask, mstr, has_mask, bias, bstr, has_bias)
-                exp_shifted(prow, k_hi, lse[bh, i], tmp)  # (4) p = exp(s - lse)
+                exp_shifted(prow, kend, lse[bh, i])  # (4) p = exp(s - lse)
+                prow[kend:] = 0.0
                 # (4) p = softmax(s)  =>  ds = p * (dp - delta),
                 #     delta = sum_j dp_j p_j = sum_d dout_d out_d   (p = 0 masked: ds = 0)
                 delta_i = q.dtype.type(delta[bh, i])
-                for j in range(k_hi):
+                for j in range(kend):
                     dsrow[j] = prow[j] * (dsrow[j] - delta_i)
+                dsrow[kend:] = 0.0
             kd = kd_scratch[tid, :k_hi * d].reshape((k_hi, d))  # this block's share of dk, dv
             # (5) out = p v  =>  dv = p^T dout
             np.dot(p.T, do_blk, kd)

@@ -26,12 +26,11 @@ import numpy as np
 from numba import njit, prange
 
 from ..functional.softmax import CrossEntropyCache, counted_targets
-from .attention import exp_shifted  # the vectorised exp of the attention kernel (see there)
+from .special import exp_shifted
 
 # reassoc: SIMD row sums; error_model="numpy": x / 0 gives inf/NaN as in NumPy instead of
 # raising, a check that keeps the compiler from vectorising a loop with a division
 _JIT = dict(cache=True, nogil=True, fastmath={"reassoc"}, error_model="numpy")
-_ROWS = 64  # rows per work item (allocating scratch per row inside prange costs ~1 us each)
 
 
 @njit(parallel=True, **_JIT)
@@ -39,24 +38,22 @@ def _cross_entropy_forward_kernel(logits, targets, weight, probs, row_loss):
     # pragma: no cover - compiled
     # logits, probs: (N, V); targets: (N,) int64; weight, row_loss: (N,) float64
     n, v = logits.shape
-    for blk in prange((n + _ROWS - 1) // _ROWS):  # blocks of rows: one scratch row per block
-        tmp = np.empty(v, probs.dtype)
-        for i in range(blk * _ROWS, min(n, (blk + 1) * _ROWS)):
-            m = logits[i, 0]  # row max, the stabilising shift
-            for j in range(1, v):
-                m = logits[i, j] if logits[i, j] > m else m  # a select, which vectorises
-            row = probs[i]
-            row[:] = logits[i]
-            # math.exp would call libm once per entry (no SIMD without Intel's SVML)
-            exp_shifted(row, v, m, tmp)  # e = exp(x - m)
-            z = 0.0  # (1) z = sum_j e_j, in float64
-            for j in range(v):
-                z += row[j]
-            inv_z = 1.0 / z
-            for j in range(v):
-                row[j] *= inv_z  # p = exp(x - m) / z
-            # (1) logp[t] = x_t - m - log z   (2) loss_n = -w_n logp[t]
-            row_loss[i] = -weight[i] * (logits[i, targets[i]] - m - math.log(z))
+    for i in prange(n):
+        m = logits[i, 0]  # row max, the stabilising shift
+        for j in range(1, v):
+            m = logits[i, j] if logits[i, j] > m else m  # a select, which vectorises
+        row = probs[i]
+        row[:] = logits[i]
+        # math.exp would call libm once per entry (no SIMD without Intel's SVML)
+        exp_shifted(row, v, m)  # e = exp(x - m)
+        z = 0.0  # (1) z = sum_j e_j, in float64
+        for j in range(v):
+            z += row[j]
+        inv_z = 1.0 / z
+        for j in range(v):
+            row[j] *= inv_z  # p = exp(x - m) / z
+        # (1) logp[t] = x_t - m - log z   (2) loss_n = -w_n logp[t]
+        row_loss[i] = -weight[i] * (logits[i, targets[i]] - m - math.log(z))
 
 
 @njit(parallel=True, **_JIT)
