@@ -84,11 +84,11 @@ _JIT = dict(cache=True, fastmath=False, nogil=True)
 
 
 class SDPAKernelCache(NamedTuple):
-    q: np.ndarray  # (B*H, T_q, D) C-contiguous
-    k: np.ndarray  # (B*H, T_k, D)
-    v: np.ndarray  # (B*H, T_k, D)
-    out: np.ndarray  # (B*H, T_q, D) needed for delta_i = sum_d dout_id out_id
-    lse: np.ndarray  # (B*H, T_q) float64 log-sum-exp of each row; -inf for a fully masked row
+    q: np.ndarray  # (B, H, T_q, D) the inputs as given (any strides, not copied)
+    k: np.ndarray  # (B, H, T_k, D)
+    v: np.ndarray  # (B, H, T_k, D)
+    out: np.ndarray  # (B, H, T_q, D) needed for delta_i = sum_d dout_id out_id
+    lse: np.ndarray  # (B, H, T_q) float64 log-sum-exp of each row; -inf for a fully masked row
     scale: float
     shape: tuple  # (B, H, T_q, T_k, D)
     causal: bool
@@ -169,13 +169,22 @@ def _scores_row(row, kend, b, h, i, mask, mstr, has_mask, bias, bstr, has_bias):
 # Forward
 # ---------------------------------------------------------------------------------------------
 
+@njit(**_JIT)
+def _copy_rows(src, rows, scale, dst):
+    # dst[:rows] = src[:rows] * scale: gathers a strided (rows, D) slice into contiguous scratch
+    for r in range(rows):
+        for c in range(src.shape[1]):
+            dst[r, c] = src[r, c] * scale
+
+
 @njit(parallel=True, **_JIT)
-def _sdpa_forward_kernel(q, k, v, scale, heads, causal, kv_len,
-                         mask, mstr, has_mask, bias, bstr, has_bias, n_threads, out, lse):
+def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, bias, bstr,
+                         has_bias, n_threads, out, lse):  # pragma: no cover - compiled
     # Equations (1)-(5) of functional/attention.sdpa_forward, one query block per work item.
-    # q: (BH, T_q, D), k, v: (BH, T_k, D) -> out: (BH, T_q, D), lse: (BH, T_q) float64
-    n_bh, t_q, d = q.shape
-    t_k = k.shape[1]
+    # q: (B, H, T_q, D), k, v: (B, H, T_k, D), any strides -> out: (B, H, T_q, D), any
+    # strides, lse: (B, H, T_q) float64
+    n_b, heads, t_q, d = q.shape
+    t_k = k.shape[2]
     n_blk = (t_q + _BLOCK_Q - 1) // _BLOCK_Q
     # scratch, one row per thread (n_threads = numba.get_num_threads(), passed in because a
     # compiled function asking for it could not be cached on disk), reused by every block the
@@ -183,26 +192,30 @@ def _sdpa_forward_kernel(q, k, v, scale, heads, causal, kv_len,
     # zero, fresh pages for every block, which cost a third of the backward pass's time
     s_scratch = np.empty((n_threads, _BLOCK_Q * t_k), q.dtype)  # one block's scores
     qs_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)
+    kv_scratch = np.empty((n_threads, 2, t_k * d), q.dtype)  # the block's keys and values
     o_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)
     inv_z_scratch = np.empty((n_threads, _BLOCK_Q))
     acc_scratch = np.empty((n_threads, 8))
-    for item in prange(n_bh * n_blk):
-        bh, blk = item // n_blk, item % n_blk
-        b, h = bh // heads, bh % heads
+    for item in prange(n_b * heads * n_blk):
+        b, h, blk = item // (heads * n_blk), (item // n_blk) % heads, item % n_blk
         i0 = blk * _BLOCK_Q
         i1 = min(i0 + _BLOCK_Q, t_q)
         n = i1 - i0
         # rows' visible key ranges only grow with i, so the last row's bounds the block's
         k_hi = _key_end(i1 - 1, b, t_q, t_k, causal, kv_len)
         if k_hi == 0:
-            out[bh, i0:i1] = 0.0
-            lse[bh, i0:i1] = -np.inf
+            out[b, h, i0:i1] = 0.0
+            lse[b, h, i0:i1] = -np.inf
             continue
         tid = numba.get_thread_id()
-        qs = qs_scratch[tid, :n * d].reshape((n, d))  # (n, D)
-        np.multiply(q[bh, i0:i1], scale, qs)  # q * scale
+        qs = qs_scratch[tid, :n * d].reshape((n, d))  # (n, D) q * scale
+        _copy_rows(q[b, h, i0:i1], n, scale, qs)
+        ks = kv_scratch[tid, 0, :k_hi * d].reshape((k_hi, d))  # (k_hi, D)
+        _copy_rows(k[b, h], k_hi, q.dtype.type(1), ks)
+        vs = kv_scratch[tid, 1, :k_hi * d].reshape((k_hi, d))
+        _copy_rows(v[b, h], k_hi, q.dtype.type(1), vs)
         e = s_scratch[tid, :n * k_hi].reshape((n, k_hi))  # (n, k_hi)
-        np.dot(qs, k[bh, :k_hi].T, e)  # (1) s = q k^T * scale
+        np.dot(qs, ks.T, e)  # (1) s = q k^T * scale
         acc, inv_z = acc_scratch[tid], inv_z_scratch[tid]
         for r in range(n):
             i = i0 + r
@@ -212,18 +225,19 @@ def _sdpa_forward_kernel(q, k, v, scale, heads, causal, kv_len,
             m = _row_max(row, kend, acc)  # (4) softmax, stabilised by the row max
             if m == -np.inf:  # every key masked: p = 0 and out = 0
                 row[:] = 0.0
-                lse[bh, i] = -np.inf
+                lse[b, h, i] = -np.inf
                 inv_z[r] = 0.0
                 continue
             exp_shifted(row, kend, m)  # e = exp(s - m), 0 where masked
             row[kend:] = 0.0  # hidden by the causal or padding structure
             z = _row_sum(row, kend, acc)
-            lse[bh, i] = m + math.log(z)
+            lse[b, h, i] = m + math.log(z)
             inv_z[r] = 1.0 / z
         o = o_scratch[tid, :n * d].reshape((n, d))
-        np.dot(e, v[bh, :k_hi], o)  # (5) out = p v = (e v) / z  (n, D)
+        np.dot(e, vs, o)  # (5) out = p v = (e v) / z  (n, D)
         for r in range(n):
-            out[bh, i0 + r] = o[r] * inv_z[r]
+            for col in range(d):
+                out[b, h, i0 + r, col] = o[r, col] * inv_z[r]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,28 +245,38 @@ def _sdpa_forward_kernel(q, k, v, scale, heads, causal, kv_len,
 # ---------------------------------------------------------------------------------------------
 
 @njit(parallel=True, **_JIT)
-def _sdpa_backward_kernel(dout, q, k, v, delta, lse, scale, heads, causal, kv_len,
-                          mask, mstr, has_mask, bias, bstr, has_bias, n_threads,
-                          dq, dk_part, dv_part):
+def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, mstr,
+                          has_mask, bias, bstr, has_bias, n_threads, n_chunks,
+                          dq, dk, dv, dk_part, dv_part):  # pragma: no cover - compiled
     # Backward of (5)-(1) with p rebuilt from lse; mirrors functional/attention.sdpa_backward.
-    # dout, q: (BH, T_q, D); k, v: (BH, T_k, D); delta, lse: (BH, T_q) float64
-    # -> dq: (BH, T_q, D); dk_part, dv_part: (BH, n_chunks, T_k, D) partial sums per chunk
-    n_bh, t_q, d = q.shape
-    t_k = k.shape[1]
-    n_chunks = dk_part.shape[1]
+    # dout, q, out: (B, H, T_q, D); k, v: (B, H, T_k, D), any strides; lse: (B, H, T_q)
+    # -> dq: (B, H, T_q, D), dk, dv: (B, H, T_k, D), any strides. With n_chunks > 1 a head's
+    # query blocks are shared out: chunk c leaves its sums in dk_part, dv_part[b, h, c]
+    # (T_k, D) for the caller to add; with n_chunks == 1 dk_part, dv_part are unused.
+    n_b, heads, t_q, d = q.shape
+    t_k = k.shape[2]
     n_blk = (t_q + _BLOCK_Q - 1) // _BLOCK_Q
     # scratch, one row per thread (see the forward)
     p_scratch = np.empty((n_threads, _BLOCK_Q * t_k), q.dtype)
     ds_scratch = np.empty((n_threads, _BLOCK_Q * t_k), q.dtype)
     qs_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)
+    do_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)
     dq_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)
-    kd_scratch = np.empty((n_threads, t_k * d), q.dtype)
-    for item in prange(n_bh * n_chunks):
-        bh, c = item // n_chunks, item % n_chunks
-        b, h = bh // heads, bh % heads
+    kv_scratch = np.empty((n_threads, 2, t_k * d), q.dtype)  # keys and values
+    kd_scratch = np.empty((n_threads, t_k * d), q.dtype)  # one block's share of dk or dv
+    acc_scratch = np.empty((n_threads, 2, t_k * d), q.dtype)  # the chunk's dk and dv sums
+    delta_scratch = np.empty((n_threads, _BLOCK_Q))
+    one = q.dtype.type(1)
+    for item in prange(n_b * heads * n_chunks):
+        b, h, c = item // (heads * n_chunks), (item // n_chunks) % heads, item % n_chunks
         tid = numba.get_thread_id()
-        dk_acc = dk_part[bh, c]  # (T_k, D), written by this work item only
-        dv_acc = dv_part[bh, c]
+        k_all = _key_end(t_q - 1, b, t_q, t_k, causal, kv_len)  # keys any query may see
+        ks = kv_scratch[tid, 0, :k_all * d].reshape((k_all, d))
+        _copy_rows(k[b, h], k_all, one, ks)
+        vs = kv_scratch[tid, 1, :k_all * d].reshape((k_all, d))
+        _copy_rows(v[b, h], k_all, one, vs)
+        dk_acc = acc_scratch[tid, 0, :t_k * d].reshape((t_k, d))
+        dv_acc = acc_scratch[tid, 1, :t_k * d].reshape((t_k, d))
         dk_acc[:] = 0.0
         dv_acc[:] = 0.0
         # chunk c takes blocks c, c + n_chunks, ...: under a causal mask each chunk then gets
@@ -263,29 +287,35 @@ def _sdpa_backward_kernel(dout, q, k, v, delta, lse, scale, heads, causal, kv_le
             n = i1 - i0
             k_hi = _key_end(i1 - 1, b, t_q, t_k, causal, kv_len)
             if k_hi == 0:
-                dq[bh, i0:i1] = 0.0
+                dq[b, h, i0:i1] = 0.0
                 continue
-            qs = qs_scratch[tid, :n * d].reshape((n, d))  # (n, D)
-            np.multiply(q[bh, i0:i1], scale, qs)  # q * scale
-            do_blk = dout[bh, i0:i1]  # (n, D)
+            qs = qs_scratch[tid, :n * d].reshape((n, d))  # (n, D) q * scale
+            _copy_rows(q[b, h, i0:i1], n, scale, qs)
+            do_blk = do_scratch[tid, :n * d].reshape((n, d))  # (n, D)
+            _copy_rows(dout[b, h, i0:i1], n, one, do_blk)
+            delta = delta_scratch[tid]
+            for r in range(n):  # (4) delta_i = sum_j dp_ij p_ij = sum_d dout_id out_id
+                total = 0.0
+                for col in range(d):
+                    total += do_blk[r, col] * out[b, h, i0 + r, col]
+                delta[r] = total
             p = p_scratch[tid, :n * k_hi].reshape((n, k_hi))
-            np.dot(qs, k[bh, :k_hi].T, p)  # (1) s = q k^T * scale, again  (n, k_hi)
+            np.dot(qs, ks[:k_hi].T, p)  # (1) s = q k^T * scale, again  (n, k_hi)
             ds = ds_scratch[tid, :n * k_hi].reshape((n, k_hi))
-            np.dot(do_blk, v[bh, :k_hi].T, ds)  # (5) out = p v  =>  dp = dout v^T
+            np.dot(do_blk, vs[:k_hi].T, ds)  # (5) out = p v  =>  dp = dout v^T
             for r in range(n):
                 i = i0 + r
                 prow, dsrow = p[r], ds[r]
-                if lse[bh, i] == -np.inf:  # fully masked row: p = 0, every gradient is 0
+                if lse[b, h, i] == -np.inf:  # fully masked row: p = 0, every gradient is 0
                     prow[:] = 0.0
                     dsrow[:] = 0.0
                     continue
                 kend = min(_key_end(i, b, t_q, t_k, causal, kv_len), k_hi)
                 _scores_row(prow, kend, b, h, i, mask, mstr, has_mask, bias, bstr, has_bias)
-                exp_shifted(prow, kend, lse[bh, i])  # (4) p = exp(s - lse)
+                exp_shifted(prow, kend, lse[b, h, i])  # (4) p = exp(s - lse)
                 prow[kend:] = 0.0
-                # (4) p = softmax(s)  =>  ds = p * (dp - delta),
-                #     delta = sum_j dp_j p_j = sum_d dout_d out_d   (p = 0 masked: ds = 0)
-                delta_i = q.dtype.type(delta[bh, i])
+                # (4) p = softmax(s)  =>  ds = p * (dp - delta)   (p = 0 masked: ds = 0)
+                delta_i = q.dtype.type(delta[r])
                 for j in range(kend):
                     dsrow[j] = prow[j] * (dsrow[j] - delta_i)
                 dsrow[kend:] = 0.0
@@ -298,8 +328,14 @@ def _sdpa_backward_kernel(dout, q, k, v, delta, lse, scale, heads, causal, kv_le
             np.dot(ds.T, qs, kd)  # qs holds q * scale
             dk_acc[:k_hi] += kd
             dq_blk = dq_scratch[tid, :n * d].reshape((n, d))
-            np.dot(ds, k[bh, :k_hi], dq_blk)
-            np.multiply(dq_blk, scale, dq[bh, i0:i1])
+            np.dot(ds, ks[:k_hi], dq_blk)
+            _copy_rows(dq_blk, n, scale, dq[b, h, i0:i1])
+        if n_chunks == 1:
+            _copy_rows(dk_acc, t_k, one, dk[b, h])
+            _copy_rows(dv_acc, t_k, one, dv[b, h])
+        else:
+            dk_part[b, h, c] = dk_acc
+            dv_part[b, h, c] = dv_acc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,6 +405,20 @@ def _flat_with_strides(x: np.ndarray | None, dtype):
 
 
 
+def _writeable(x: np.ndarray) -> np.ndarray:
+    """x, or a copy if read-only (Numba compiles read-only arrays as a separate type)."""
+    return x if x.flags.writeable else x.copy()
+
+
+def _heads_view(b: int, h: int, t: int, d: int, dtype) -> np.ndarray:
+    """An empty (B, H, T, D) array whose memory is laid out (B, T, H, D).
+
+    The heads of one position sit side by side, as the model's (B, T, C) activations hold
+    them, so merging the heads back (``nn.attention.merge_heads``) is a free reshape.
+    """
+    return np.empty((b, t, h, d), dtype=dtype).transpose(0, 2, 1, 3)
+
+
 def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     """Fused scaled dot-product attention, ``softmax(q k^T * scale + bias, masked) v``.
 
@@ -413,46 +463,44 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     causal, kv_len, rest = _analyse_mask(mask, b, t_q, t_k)
     mask_flat, mstr, has_mask = _flat_with_strides(rest, np.bool_)
     bias_flat, bstr, has_bias = _flat_with_strides(bias, q.dtype)
-    q3 = np.ascontiguousarray(q).reshape(b * h, t_q, d)
-    k3 = np.ascontiguousarray(k).reshape(b * h, t_k, d)
-    v3 = np.ascontiguousarray(v).reshape(b * h, t_k, d)
-    out = np.empty_like(q3)  # (BH, T_q, D)
-    lse = np.empty((b * h, t_q), dtype=np.float64)  # (BH, T_q)
+    q, k, v = (_writeable(x) for x in (q, k, v))
+    out = _heads_view(b, h, t_q, d, q.dtype)  # (B, H, T_q, D)
+    lse = np.empty((b, h, t_q), dtype=np.float64)  # (B, H, T_q)
     with blas_on_calling_thread(), numba.parallel_chunksize(1):
-        _sdpa_forward_kernel(q3, k3, v3, q.dtype.type(scale), h, causal, kv_len,
-                             mask_flat, mstr, has_mask, bias_flat, bstr, has_bias,
-                             numba.get_num_threads(), out, lse)
-    cache = SDPAKernelCache(q3, k3, v3, out, lse, scale, (b, h, t_q, t_k, d), causal, kv_len,
+        _sdpa_forward_kernel(q, k, v, q.dtype.type(scale), causal, kv_len, mask_flat, mstr,
+                             has_mask, bias_flat, bstr, has_bias, numba.get_num_threads(),
+                             out, lse)
+    cache = SDPAKernelCache(q, k, v, out, lse, scale, (b, h, t_q, t_k, d), causal, kv_len,
                             mask_flat, mstr, has_mask, bias_flat, bstr, has_bias)
-    return out.reshape(b, h, t_q, d), cache
+    return out, cache
 
 
 def sdpa_backward(dout, cache: SDPAKernelCache):
     """Gradients of :func:`sdpa_forward`: returns ``(dq, dk, dv)``, each shaped like its input.
 
     Rows whose keys are all masked get zero gradients; a masked (query, key) pair contributes
-    exactly zero to dq, dk and dv.
+    exactly zero to dq, dk and dv. Like the forward's output, each gradient is a (B, H, T, D)
+    view of memory laid out as (B, T, H, D).
     """
     b, h, t_q, t_k, d = cache.shape
-    q3 = cache.q
+    dtype = cache.q.dtype
     if not isinstance(dout, np.ndarray) or dout.shape != (b, h, t_q, d):
         raise ValueError(f"dout must be an array of shape {(b, h, t_q, d)}, got "
                          f"{getattr(dout, 'shape', type(dout).__name__)}")
-    do3 = np.ascontiguousarray(dout, dtype=q3.dtype).reshape(b * h, t_q, d)
-    # (4) delta_i = sum_j dp_ij p_ij = sum_d dout_id out_id  (one number per row, float64)
-    delta = np.einsum("ntd,ntd->nt", do3, cache.out, dtype=np.float64)
+    dout = _writeable(dout.astype(dtype, copy=False))
     # enough work items for two per thread: one chunk per head unless there are few heads
     n_blk = -(-t_q // _BLOCK_Q)
     n_chunks = max(1, min(n_blk, -(-2 * numba.get_num_threads() // (b * h))))
-    dq = np.empty_like(q3)
-    dk_part = np.empty((b * h, n_chunks, t_k, d), dtype=q3.dtype)
-    dv_part = np.empty((b * h, n_chunks, t_k, d), dtype=q3.dtype)
+    dq, dk, dv = (_heads_view(b, h, t, d, dtype) for t in (t_q, t_k, t_k))
+    part_shape = (b, h, n_chunks, t_k, d) if n_chunks > 1 else (1, 1, 1, 1, 1)  # else unused
+    dk_part, dv_part = np.empty(part_shape, dtype), np.empty(part_shape, dtype)
     with blas_on_calling_thread(), numba.parallel_chunksize(1):
-        _sdpa_backward_kernel(do3, q3, cache.k, cache.v, delta, cache.lse,
-                              q3.dtype.type(cache.scale), h, cache.causal, cache.kv_len,
+        _sdpa_backward_kernel(dout, cache.q, cache.k, cache.v, cache.out, cache.lse,
+                              dtype.type(cache.scale), cache.causal, cache.kv_len,
                               cache.mask, cache.mask_strides, cache.has_mask,
                               cache.bias, cache.bias_strides, cache.has_bias,
-                              numba.get_num_threads(), dq, dk_part, dv_part)
-    dk = dk_part[:, 0] if n_chunks == 1 else dk_part.sum(axis=1)
-    dv = dv_part[:, 0] if n_chunks == 1 else dv_part.sum(axis=1)
-    return dq.reshape(b, h, t_q, d), dk.reshape(b, h, t_k, d), dv.reshape(b, h, t_k, d)
+                              numba.get_num_threads(), n_chunks, dq, dk, dv, dk_part, dv_part)
+    if n_chunks > 1:
+        dk[...] = dk_part.sum(axis=2)
+        dv[...] = dv_part.sum(axis=2)
+    return dq, dk, dv
