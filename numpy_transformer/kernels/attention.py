@@ -197,7 +197,7 @@ def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, b
     inv_z_scratch = np.empty((n_threads, _BLOCK_Q))
     acc_scratch = np.empty((n_threads, 8))
     for item in prange(n_b * heads * n_blk):
-        b, h, blk = item // (heads * n_blk), (item // n_blk) % heads, item % n_blk
+        b, blk, h = item // (heads * n_blk), (item // heads) % n_blk, item % heads
         i0 = blk * _BLOCK_Q
         i1 = min(i0 + _BLOCK_Q, t_q)
         n = i1 - i0
@@ -268,7 +268,7 @@ def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, 
     delta_scratch = np.empty((n_threads, _BLOCK_Q))
     one = q.dtype.type(1)
     for item in prange(n_b * heads * n_chunks):
-        b, h, c = item // (heads * n_chunks), (item // n_chunks) % heads, item % n_chunks
+        b, c, h = item // (heads * n_chunks), (item // heads) % n_chunks, item % heads
         tid = numba.get_thread_id()
         k_all = _key_end(t_q - 1, b, t_q, t_k, causal, kv_len)  # keys any query may see
         ks = kv_scratch[tid, 0, :k_all * d].reshape((k_all, d))
@@ -466,7 +466,7 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     q, k, v = (_writeable(x) for x in (q, k, v))
     out = _heads_view(b, h, t_q, d, q.dtype)  # (B, H, T_q, D)
     lse = np.empty((b, h, t_q), dtype=np.float64)  # (B, H, T_q)
-    with blas_on_calling_thread(), numba.parallel_chunksize(1):
+    with blas_on_calling_thread(), numba.parallel_chunksize(h):
         _sdpa_forward_kernel(q, k, v, q.dtype.type(scale), causal, kv_len, mask_flat, mstr,
                              has_mask, bias_flat, bstr, has_bias, numba.get_num_threads(),
                              out, lse)
@@ -494,7 +494,7 @@ def sdpa_backward(dout, cache: SDPAKernelCache):
     dq, dk, dv = (_heads_view(b, h, t, d, dtype) for t in (t_q, t_k, t_k))
     part_shape = (b, h, n_chunks, t_k, d) if n_chunks > 1 else (1, 1, 1, 1, 1)  # else unused
     dk_part, dv_part = np.empty(part_shape, dtype), np.empty(part_shape, dtype)
-    with blas_on_calling_thread(), numba.parallel_chunksize(1):
+    with blas_on_calling_thread(), numba.parallel_chunksize(h):
         _sdpa_backward_kernel(dout, cache.q, cache.k, cache.v, cache.out, cache.lse,
                               dtype.type(cache.scale), cache.causal, cache.kv_len,
                               cache.mask, cache.mask_strides, cache.has_mask,
