@@ -216,3 +216,23 @@ def test_vectorised_exp_matches_numpy(dtype):
     assert got[-1] == 0.0
     ulp = np.finfo(dtype).eps
     assert (np.abs(got[:-1] - want[:-1]) <= 4 * ulp * want[:-1]).all()
+
+
+@pytest.mark.parametrize("module", [ref, ker], ids=["reference", "kernel"])
+def test_backward_writes_into_given_views(module):
+    """``out=``: gradients land in the caller's strided views (one stacked buffer), equal to
+    the returned ones; the kernel rejects views of the wrong shape."""
+    rng = np.random.default_rng(11)
+    b, h, t, d = 2, 3, 70, 8
+    q, k, v, g = (rng.standard_normal((b, h, t, d)) for _ in range(4))
+    _, cache = module.sdpa_forward(q, k, v, mask=causal_mask(t))
+    want = module.sdpa_backward(g, cache)
+    buf = np.full((b, t, 3, h, d), np.nan)  # (B, T, 3, H, D), as the attention module stacks
+    views = tuple(buf[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+    got = module.sdpa_backward(g, cache, out=views)
+    assert all(a is w for a, w in zip(got, views, strict=True))
+    for a, w in zip(views, want, strict=True):
+        np.testing.assert_allclose(a, w, rtol=0, atol=1e-13)
+    if module is ker:
+        with pytest.raises(ValueError, match="out"):
+            module.sdpa_backward(g, cache, out=(views[0][:, :, 1:], views[1], views[2]))

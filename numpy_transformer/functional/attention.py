@@ -122,8 +122,13 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     return out, SDPACache(q, k, v, probs, scale)
 
 
-def sdpa_backward(dout, cache: SDPACache):
-    """Gradients of :func:`sdpa_forward`: returns ``(dq, dk, dv)``, each shaped like its input."""
+def sdpa_backward(dout, cache: SDPACache, out=None):
+    """Gradients of :func:`sdpa_forward`: returns ``(dq, dk, dv)``, each shaped like its input.
+
+    ``out``, optional, is a tuple of three arrays of those shapes (any strides, e.g. views into
+    one buffer the caller reads next): the gradients are written into them and they are
+    returned.
+    """
     q, k, v, p, scale = cache
     # (5) out = p v          =>  dv = p^T dout,  dp = dout v^T
     dv = p.swapaxes(-1, -2) @ dout  # (B, H, T_k, D)
@@ -135,4 +140,8 @@ def sdpa_backward(dout, cache: SDPACache):
     sc = q.dtype.type(scale)
     dq = (ds @ k) * sc
     dk = (ds.swapaxes(-1, -2) @ q) * sc
+    if out is not None:
+        for dst, grad in zip(out, (dq, dk, dv), strict=True):
+            dst[...] = grad
+        return out
     return dq, dk, dv

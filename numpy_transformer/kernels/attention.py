@@ -471,12 +471,13 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     return out, cache
 
 
-def sdpa_backward(dout, cache: SDPAKernelCache):
+def sdpa_backward(dout, cache: SDPAKernelCache, out=None):
     """Gradients of :func:`sdpa_forward`: returns ``(dq, dk, dv)``, each shaped like its input.
 
     Rows whose keys are all masked get zero gradients; a masked (query, key) pair contributes
     exactly zero to dq, dk and dv. Like the forward's output, each gradient is a (B, H, T, D)
-    view of memory laid out as (B, T, H, D).
+    view of memory laid out as (B, T, H, D). ``out``, as in the reference: three arrays (any
+    strides) that the kernel writes the gradients into directly, returned.
     """
     b, h, t_q, t_k, d = cache.shape
     dtype = cache.q.dtype
@@ -487,7 +488,12 @@ def sdpa_backward(dout, cache: SDPAKernelCache):
     # enough work items for two per thread: one chunk per head unless there are few heads
     n_blk = -(-t_q // _BLOCK_Q)
     n_chunks = max(1, min(n_blk, -(-2 * numba.get_num_threads() // (b * h))))
-    dq, dk, dv = (_heads_view(b, h, t, d, dtype) for t in (t_q, t_k, t_k))
+    if out is None:
+        out = tuple(_heads_view(b, h, t, d, dtype) for t in (t_q, t_k, t_k))
+    elif [o.shape for o in out] != [(b, h, t_q, d), (b, h, t_k, d), (b, h, t_k, d)] or any(
+            o.dtype != dtype or not o.flags.writeable for o in out):
+        raise ValueError(f"out must be three writeable {dtype} arrays shaped like q, k, v")
+    dq, dk, dv = out
     part_shape = (b, h, n_chunks, t_k, d) if n_chunks > 1 else (1, 1, 1, 1, 1)  # else unused
     dk_part, dv_part = np.empty(part_shape, dtype), np.empty(part_shape, dtype)
     with blas_on_calling_thread(), numba.parallel_chunksize(h):
@@ -499,4 +505,4 @@ def sdpa_backward(dout, cache: SDPAKernelCache):
     if n_chunks > 1:
         dk[...] = dk_part.sum(axis=2)
         dv[...] = dv_part.sum(axis=2)
-    return dq, dk, dv
+    return out

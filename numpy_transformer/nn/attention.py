@@ -213,21 +213,27 @@ class MultiHeadAttention(Module):
         self.grads["bo"] += dbo
         # (5) merge heads  =>  split the gradient the same way
         do = split_heads(do, self.heads)  # (B, H, T_q, D)
-        # (4) attention core
-        dq, dk, dv = self.sdpa_backward(do, c.sdpa)
-        # (3) rotation  =>  inverse rotation
-        if self.rope:
+        # (2) split heads  =>  merge the gradients: dq, dk, dv go side by side into one buffer
+        # per stacked product of (1), (B, T, n, H, D); slots[name] is its (B, H, T, D) view
+        b, d = do.shape[0], self.head_width
+        dys, slots = [], {}
+        for names, t in zip(_groups(c.cross), (c.t_q, c.t_k), strict=False):
+            dy = np.empty((b, t, len(names), self.heads, d), dtype=do.dtype)
+            dys.append(dy)
+            slots.update((n, dy[:, :, i].transpose(0, 2, 1, 3)) for i, n in enumerate(names))
+        slots = (slots["q"], slots["k"], slots["v"])
+        if not self.rope:  # (4) attention core, written straight into the slots
+            self.sdpa_backward(do, c.sdpa, out=slots)
+        else:  # (4) attention core, then (3) rotation  =>  inverse rotation
+            dq, dk, dv = self.sdpa_backward(do, c.sdpa)
             cos, sin = self.buffers["rope_cos"][: c.t_q], self.buffers["rope_sin"][: c.t_q]
-            dq, dk = rope_backward(dq, cos, sin), rope_backward(dk, cos, sin)
-        # (2) split heads  =>  merge the gradients, each group side by side as (1) stacked them
-        grads, dsources = {"q": dq, "k": dk, "v": dv}, []
-        for names, y_cache in zip(_groups(c.cross), c.projections, strict=True):
-            b, _, t, d = grads[names[0]].shape
-            dy = np.empty((b, t, len(names), self.heads, d), dtype=dq.dtype)  # (B, T, n, H, D)
-            for i, n in enumerate(names):
-                dy[:, :, i] = grads[n].transpose(0, 2, 1, 3)
+            for slot, grad in zip(slots, (rope_backward(dq, cos, sin),
+                                          rope_backward(dk, cos, sin), dv), strict=True):
+                slot[...] = grad
+        dsources = []
+        for names, dy, y_cache in zip(_groups(c.cross), dys, c.projections, strict=True):
             # (1) y = source [w_1 | .. | w_n] + [b_1 | .. | b_n]
-            dsource, dw, db = self.affine_backward(dy.reshape(b, t, -1), y_cache)
+            dsource, dw, db = self.affine_backward(dy.reshape(b, dy.shape[1], -1), y_cache)
             for i, n in enumerate(names):
                 self.grads["w" + n] += dw[:, i * self.width:(i + 1) * self.width]
                 self.grads["b" + n] += db[i * self.width:(i + 1) * self.width]
