@@ -1,13 +1,19 @@
-"""Thread settings that matter on a small CPU: numpy's BLAS against numba's parallel kernels.
+"""Thread settings that matter on a small CPU: the BLAS libraries against Numba's threads.
 
-With the numba backend, the fused kernels split their work over the cores themselves
-(``prange``), while the matrix products go to the BLAS that NumPy ships (OpenBLAS). Left at
-its default, OpenBLAS also starts one thread per core, and its threads keep spinning between
-calls, taking the cores the numba kernels want: measured on 2 cores, a training step of the
-chapter's model took 242 ms that way against 122 ms with BLAS on one thread
-(``benchmarks/README.md``). :func:`set_blas_threads` changes the thread count of every
-OpenBLAS loaded in the process, at run time, without the environment variable that only
-works before NumPy is imported.
+With the numba backend every part of a training step runs on Numba's one pool of threads:
+the fused kernels split their work themselves (``prange``), and the linear layers cut their
+rows into chunks that the threads multiply side by side (``kernels/linear.py``), each chunk a
+single-threaded BLAS call. A second pool must then stay idle: left at its default, OpenBLAS
+starts one thread per core, and its threads keep spinning between calls, taking the cores the
+Numba threads want. Measured on 2 cores, before the linear layers moved onto Numba's threads,
+a training step of the chapter's model took 242 ms with both pools on 2 threads against
+122 ms with BLAS on one thread (``benchmarks/README.md``).
+
+* :func:`set_blas_threads` sets the thread count of every OpenBLAS loaded in the process, at
+  run time, without the environment variable that only works before NumPy is imported. The
+  command line runs BLAS on one thread; library users on the numba backend should too.
+* :func:`blas_on_calling_thread` is what the kernels use around their calls: the BLAS behind
+  Numba's ``np.dot`` (SciPy's) runs each call on the thread that makes it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,13 @@ readable reference, and every kernel below is checked against it in
 ``tests/test_kernel_attention.py``):
 
 * ``out, cache = sdpa_forward(q, k, v, mask=None, bias=None, scale=None)``
-* ``dq, dk, dv = sdpa_backward(dout, cache)``
+* ``dq, dk, dv = sdpa_backward(dout, cache, out=None)``
+
+q, k, v and dout may have any strides: the attention module passes views straight into its
+stacked (B, T, 3, H, D) projection, and the kernel gathers each block into contiguous scratch
+itself. The outputs are (B, H, T, D) views of memory laid out (B, T, H, D), so that merging the
+heads afterwards is a free reshape, and ``out=`` lets the backward pass write dq, dk, dv
+straight into the buffer the next matrix product reads.
 
 The reference keeps the whole (B, H, T_q, T_k) probability tensor for its backward pass. This
 kernel keeps only one number per query row, the log-sum-exp ``lse = m + log(sum_j exp(s_j - m))``,
@@ -37,18 +43,20 @@ so the block stops at its last row's ``kend`` and the upper triangle is skipped,
 and thrown away. Per-batch key padding works the same way (``kend`` is also capped at the
 sequence's length). Any other boolean mask is read element by element.
 
-The forward pass runs in parallel over (batch*head, query block) pairs. The backward pass runs
-in parallel over (batch*head, chunk) pairs, where each chunk owns private dk and dv
+The forward pass runs in parallel over (batch, query block, head) items. The backward pass runs
+in parallel over (batch, chunk, head) items, where each item owns private dk and dv
 accumulators, so no two threads ever add into the same memory; a head is split into several
 chunks of query blocks only when there are too few heads to keep every thread busy, and the
-chunks' partial sums are added at the end. Work items are handed out one at a time
-(``numba.parallel_chunksize(1)``), so that the long rows at the bottom of a causal triangle do
-not all land on one thread.
+chunks' partial sums are added at the end. Work items are handed out H at a time
+(``numba.parallel_chunksize(H)``): one thread then writes all heads of a row, which sit side
+by side in the (B, T, H, D) outputs (two threads writing alternate heads fought over the
+same cache lines), and the long rows at the bottom of a causal triangle do not all land on
+one thread.
 
-``exp`` is written out (range reduction + polynomial) because without Intel's SVML library
-Numba calls libm's scalar ``exp`` once per element, which would dominate the run time for
-small head widths; the hand-written one vectorises and is as accurate as ``np.exp`` to about
-one unit in the last place.
+``exp`` is written out (``special.exp_shifted``) because without Intel's SVML library Numba
+calls libm's scalar ``exp`` once per element, which would dominate the run time for small
+head widths; the hand-written one vectorises and is as accurate as ``np.exp`` to a few units
+in the last place.
 
 References
 ----------
