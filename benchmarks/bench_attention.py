@@ -4,8 +4,11 @@ Usage (from the repository root)::
 
     python benchmarks/bench_attention.py            # the full grid, takes a while
     python benchmarks/bench_attention.py --quick    # a small subset, a minute or two
+    python benchmarks/bench_attention.py --chapter  # the chapter's char model: B x H = 64 x 4,
+                                                    # T = 100, D = 21, causal
 
-What is measured, for q, k, v of shape (B, H, T, D) = (4, 4, T, D), float32:
+What is measured, for q, k, v of shape (B, H, T, D) = (4, 4, T, D) (``--chapter``: (64, 4, T, D)),
+float32:
 
 * time: one ``sdpa_forward`` + ``sdpa_backward`` with a random upstream gradient (for PyTorch:
   ``F.scaled_dot_product_attention`` + ``out.backward(g)``), median over repetitions after a
@@ -47,14 +50,14 @@ IMPLS = ("kernel", "numpy", "torch")
 # Worker side: one implementation, sizes read from stdin, one JSON result per line on stdout
 # ---------------------------------------------------------------------------------------------
 
-def make_step(impl: str, t: int, d: int, causal: bool):
+def make_step(impl: str, t: int, d: int, causal: bool, b: int = B):
     """A function doing one forward + backward of ``impl`` on fresh random inputs."""
     import numpy as np
 
     from numpy_transformer.functional.masks import causal_mask
 
     rng = np.random.default_rng(0)
-    q, k, v, g = (rng.standard_normal((B, H, t, d)).astype(np.float32) for _ in range(4))
+    q, k, v, g = (rng.standard_normal((b, H, t, d)).astype(np.float32) for _ in range(4))
     mask = causal_mask(t) if causal else None
     if impl in ("kernel", "numpy"):
         if impl == "kernel":
@@ -127,7 +130,7 @@ def worker(impl: str, memory: bool, budget: float, threads: int) -> None:
     print(json.dumps({"ready": True, **worker_info(impl)}), flush=True)
     for line in sys.stdin:
         cfg = json.loads(line)
-        step = make_step(impl, cfg["t"], cfg["d"], cfg["causal"])
+        step = make_step(impl, cfg["t"], cfg["d"], cfg["causal"], cfg.get("b", B))
         if memory:
             result = peak_step(step)
         else:
@@ -209,6 +212,8 @@ def fmt(x: float | None, digits: int = 1) -> str:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="T in {64, 256, 1024}, D = 32 only")
+    p.add_argument("--chapter", action="store_true",
+                   help="the chapter's char model only: B = 64, H = 4, T = 100, D = 21")
     p.add_argument("--no-numpy", action="store_true", help="skip the NumPy reference")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
@@ -237,6 +242,9 @@ def main(argv=None) -> None:
           f"NumPy {info['numpy']}, {args.threads} threads each; "
           f"load average at start {info['loadavg']}", flush=True)
     grid = [(t, d, causal) for t in ts for d in ds for causal in (False, True)]
+    batch = B
+    if args.chapter:
+        grid, batch = [(100, 21, True)], 64
     results = {}
     for memory in ([False] if args.no_memory else [False, True]):
         workers = {impl: Worker(impl, memory, args.budget, args.threads) for impl in impls}
@@ -249,7 +257,7 @@ def main(argv=None) -> None:
             for impl, w in workers.items():
                 if impl == "numpy" and t > args.numpy_max_t:
                     continue
-                cfg = {"t": t, "d": d, "causal": causal}
+                cfg = {"t": t, "d": d, "causal": causal, "b": batch}
                 results.setdefault((t, d, causal, impl), {}).update(w.ask(cfg))
             if not memory:
                 row = {impl: results.get((t, d, causal, impl), {}) for impl in impls}
