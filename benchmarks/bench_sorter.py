@@ -136,7 +136,10 @@ def worker(variant: str, threads: int, steps: int) -> None:
     else:
         import numba
 
+        from numpy_transformer.allocator import reuse_freed_memory
+
         numba.set_num_threads(threads)
+        reuse_freed_memory()  # as the command line does (numpy_transformer/allocator.py)
         result = run_ours(variant, steps)
     result["maxrss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(result), flush=True)

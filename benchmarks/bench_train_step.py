@@ -79,11 +79,13 @@ def _ours_step(config: dict, backend: str, threads: int):
     import numba
     import numpy as np
 
+    from numpy_transformer.allocator import reuse_freed_memory
     from numpy_transformer.nn import DecoderLM, TransformerConfig
     from numpy_transformer.optim import Adam, constant_lr
     from numpy_transformer.train import Batch, Trainer
 
     numba.set_num_threads(threads)
+    reuse_freed_memory()  # as the command line does (numpy_transformer/allocator.py)
     model = DecoderLM(TransformerConfig(**config["model"], dtype="float32", backend=backend))
     trainer = Trainer(model, Adam(lr=1e-3), constant_lr(1e-3), clip=1.0)
     data = [Batch((np.asarray(x),), np.asarray(y)) for x, y in _batches(config)]

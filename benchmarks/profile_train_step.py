@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train_step import CONFIGS, _batches  # noqa: E402
 
 from numpy_transformer import optim, train  # noqa: E402
+from numpy_transformer.allocator import reuse_freed_memory  # noqa: E402
 from numpy_transformer.nn import DecoderLM, TransformerConfig, layers, positional  # noqa: E402
 from numpy_transformer.nn import attention as nn_attention  # noqa: E402
 
@@ -87,6 +88,7 @@ def main() -> None:
     parser.add_argument("--cprofile", action="store_true")
     args = parser.parse_args()
     numba.set_num_threads(args.threads)
+    reuse_freed_memory()  # as the command line does (numpy_transformer/allocator.py)
     config = CONFIGS[args.config]
     instrument_classes()
     original_loss_backend = train.loss_backend

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .allocator import reuse_freed_memory
 from .checkpoint import CheckpointError
 from .runs import (
     EXIT_DIVERGED,
@@ -246,6 +247,7 @@ MODEL_AND_TRAIN_DESTS = ("text", "width", "heads", "layers", "ffn_width", "max_l
 
 def cmd_train(args) -> int:
     set_blas_threads(1)  # the numba kernels use the cores; see numpy_transformer/threads.py
+    reuse_freed_memory()  # no fresh pages for every step's buffers; see allocator.py
     given = {k: getattr(args, k) for k in MODEL_AND_TRAIN_DESTS}
     if args.resume is not None:
         extra = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
