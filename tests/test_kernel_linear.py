@@ -87,6 +87,20 @@ def test_one_thread_runs_the_reference_bit_for_bit():
         np.testing.assert_array_equal(a, want)
 
 
+@multi_thread
+def test_mixed_dtypes_promote_as_the_reference():
+    x, w, b, g = _problem((300, 6), 4, np.float32)
+    w64 = w.astype(np.float64)
+    out_r, cache_r = ref.linear_forward(x, w64, b)
+    out_f, cache_f = fast.linear_forward(x, w64, b)
+    assert out_f.dtype == out_r.dtype == np.float64
+    assert rel_err(out_f, out_r) <= 1e-12
+    dx_r, dw_r, db_r = ref.linear_backward(g.astype(np.float64), cache_r)
+    dx_f, dw_f, db_f = fast.linear_backward(g.astype(np.float64), cache_f)
+    for got, want in ((dx_f, dx_r), (dw_f, dw_r), (db_f, db_r)):
+        assert got.dtype == want.dtype == np.float64 and rel_err(got, want) <= 1e-12
+
+
 def test_linear_kernel_rejects_bad_input_as_the_reference():
     x, w, b, _ = _problem((300, 6), 4, np.float64)
     with pytest.raises(ValueError, match="last"):

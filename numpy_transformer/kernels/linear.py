@@ -91,13 +91,15 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
     x2 = np.ascontiguousarray(x).reshape(-1, w.shape[0])  # (N, C_in)
     if x2.shape[0] < _MIN_ROWS or numba.get_num_threads() == 1:
         return reference.linear_forward(x, w, b)
-    w = w.astype(x.dtype, copy=False)
-    out = np.empty((x2.shape[0], w.shape[1]), dtype=x.dtype)  # (N, C_out)
     has_bias = b is not None
-    bias = b.astype(x.dtype, copy=False) if has_bias else w[0]  # w[0]: an unused stand-in
+    dtype = np.result_type(x, w, *((b,) if has_bias else ()))  # NumPy's promotion, as x @ w + b
+    x2, w = x2.astype(dtype, copy=False), w.astype(dtype, copy=False)
+    out = np.empty((x2.shape[0], w.shape[1]), dtype=dtype)  # (N, C_out)
+    bias = b.astype(dtype, copy=False) if has_bias else w[0]  # w[0]: an unused stand-in
     with blas_on_calling_thread():
         _forward_kernel(x2, w, bias, has_bias, _chunks(x2.shape[0]), out)
-    return out.reshape(x.shape[:-1] + (w.shape[1],)), LinearCache(x2.reshape(x.shape), w, has_bias)
+    return (out.reshape(x.shape[:-1] + (w.shape[1],)),
+            LinearCache(x2.reshape(x.shape), w, has_bias))
 
 
 def linear_backward(dout: np.ndarray, cache: LinearCache):
