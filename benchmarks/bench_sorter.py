@@ -55,7 +55,8 @@ def run_ours(backend: str, steps: int) -> dict:
     import numpy as np
 
     from numpy_transformer.nn import EncoderClassifier
-    from numpy_transformer.optim import AdamW, constant_lr
+    from numpy_transformer.optim import AdamW
+    from numpy_transformer.schedules import constant_lr
     from numpy_transformer.tasks import sort_batch
     from numpy_transformer.train import Batch, Trainer
 

@@ -81,7 +81,8 @@ def _ours_step(config: dict, backend: str, threads: int):
 
     from numpy_transformer.allocator import reuse_freed_memory
     from numpy_transformer.nn import DecoderLM, TransformerConfig
-    from numpy_transformer.optim import Adam, constant_lr
+    from numpy_transformer.optim import Adam
+    from numpy_transformer.schedules import constant_lr
     from numpy_transformer.train import Batch, Trainer
 
     numba.set_num_threads(threads)

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train_step import CONFIGS, _batches  # noqa: E402
 
-from numpy_transformer import optim, train  # noqa: E402
+from numpy_transformer import optim, schedules, train  # noqa: E402
 from numpy_transformer.allocator import reuse_freed_memory  # noqa: E402
 from numpy_transformer.nn import DecoderLM, TransformerConfig, layers, positional  # noqa: E402
 from numpy_transformer.nn import attention as nn_attention  # noqa: E402
@@ -104,7 +104,7 @@ def main() -> None:
     for backend in ("numpy", "numba"):
         model = DecoderLM(TransformerConfig(**config["model"], dtype="float32", backend=backend))
         instrument(model)
-        trainers[backend] = train.Trainer(model, optim.Adam(lr=1e-3), optim.constant_lr(1e-3))
+        trainers[backend] = train.Trainer(model, optim.Adam(lr=1e-3), schedules.constant_lr(1e-3))
         totals[backend] = defaultdict(float)
     data = [train.Batch((x,), y) for x, y in _batches(config)]
     for i in range(3):  # warm-up (loads the compiled kernels)

@@ -28,7 +28,8 @@ from numpy_transformer.corpus import load_corpus  # noqa: E402
 from numpy_transformer.data import CharTokenizer, get_batch, window_schedule  # noqa: E402
 from numpy_transformer.functional import cross_entropy_forward  # noqa: E402
 from numpy_transformer.nn import DecoderLM, TransformerConfig  # noqa: E402
-from numpy_transformer.optim import Adam, constant_lr  # noqa: E402
+from numpy_transformer.optim import Adam  # noqa: E402
+from numpy_transformer.schedules import constant_lr  # noqa: E402
 from numpy_transformer.train import Batch, Trainer  # noqa: E402
 from reference_checks import twins  # noqa: E402
 

@@ -33,7 +33,8 @@ from numpy_transformer.data import (
 )
 from numpy_transformer.generate import generate
 from numpy_transformer.nn import DecoderLM, TransformerConfig
-from numpy_transformer.optim import Adam, constant_lr
+from numpy_transformer.optim import Adam
+from numpy_transformer.schedules import constant_lr
 from numpy_transformer.train import Trainer, lm_batches
 
 MODEL_SEED = 0  # the initial tensors

@@ -21,7 +21,8 @@ import common  # first: pins BLAS to one thread before numpy loads
 import numpy as np
 
 from numpy_transformer.nn import DecoderLM, TransformerConfig
-from numpy_transformer.optim import AdamW, constant_lr
+from numpy_transformer.optim import AdamW
+from numpy_transformer.schedules import constant_lr
 from numpy_transformer.tasks import copy_back_batch
 from numpy_transformer.train import Batch, Trainer
 

@@ -1,10 +1,13 @@
-"""Input validation shared by every layer: clear ``ValueError`` messages that name the value.
+"""Input validation shared by every layer, the optimisers and the schedules: clear
+``ValueError`` messages that name the value.
 
 A user who passes the wrong thing should read what was wrong, not a NumPy broadcasting
 trace three frames deep or, worse, get a silently wrong answer.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -47,3 +50,18 @@ def check_positive(name: str, value: float, integer: bool = False) -> None:
     if not ok or isinstance(value, bool) or not value > 0:
         kind = "a positive integer" if integer else "a positive number"
         raise ValueError(f"{name} must be {kind}, got {value!r}")
+
+
+def check_number(name: str, value: object, low: float, high: float | None = None,
+                 low_open: bool = False, high_open: bool = True) -> float:
+    """Return ``value`` as a float if it is a real number in the given interval."""
+    ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
+    ok = ok and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low)
+    if high is not None:
+        ok = ok and (value < high if high_open else value <= high)
+    if not ok:
+        lo, hi = ("(" if low_open else "["), ("" if high is None else (")" if high_open else "]"))
+        interval = f"{lo}{low}, {'inf)' if high is None else f'{high}{hi}'}"
+        raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")
+    return float(value)

@@ -29,18 +29,15 @@ from pathlib import Path
 from . import __version__
 from .allocator import reuse_freed_memory
 from .checkpoint import CheckpointError
+from .run_dir import checkpoint_path
+from .run_setup import TASKS, UsageError, model_from_checkpoint, resolve_options
 from .runs import (
     EXIT_DIVERGED,
     EXIT_OK,
     EXIT_USAGE,
     SAMPLE_LENGTH,
     SAMPLE_TEMPERATURE,
-    TASKS,
-    UsageError,
-    checkpoint_path,
     default_prompt,
-    model_from_checkpoint,
-    resolve_options,
     resume_run,
     start_run,
 )

@@ -1,4 +1,4 @@
-"""Optimisers, global-norm gradient clipping and learning-rate schedules.
+"""Optimisers (Adam, AdamW) and global-norm gradient clipping.
 
 The optimisers work on two plain dicts with the same keys, ``params`` and ``grads``
 (``dict[str, ndarray]``), and update ``params`` IN PLACE, so any model that can hand out its
@@ -9,6 +9,8 @@ A training step reads::
     norm = clip_grad_norm(grads, max_norm=1.0)      # global norm, as torch's clip_grad_norm_
     if math.isfinite(norm):
         opt.step(params, grads, lr=schedule(opt.t + 1))
+
+where ``schedule`` is a learning-rate schedule from :mod:`numpy_transformer.schedules`.
 
 The update arithmetic follows ``torch.optim.Adam`` / ``torch.optim.AdamW`` operation by
 operation (same order, same rounding points), so a run agrees with PyTorch to float precision.
@@ -32,10 +34,9 @@ from collections.abc import Callable, Iterable, Mapping
 import numba
 import numpy as np
 
-from ._checks import check_float
+from ._checks import check_float, check_number
 
-__all__ = ["clip_grad_norm", "Adam", "AdamW", "adam_update_numpy", "adam_update_numba",
-           "constant_lr", "warmup_cosine"]
+__all__ = ["clip_grad_norm", "Adam", "AdamW", "adam_update_numpy", "adam_update_numba"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,21 +180,6 @@ def decay_matrices(name: str, p: np.ndarray) -> bool:
     return p.ndim >= 2
 
 
-def _check_number(name: str, value: object, low: float, high: float | None = None,
-                  low_open: bool = False, high_open: bool = True) -> float:
-    """Return ``value`` as a float if it is a real number in the given interval."""
-    ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
-    ok = ok and math.isfinite(value)
-    ok = ok and (value > low if low_open else value >= low)
-    if high is not None:
-        ok = ok and (value < high if high_open else value <= high)
-    if not ok:
-        lo, hi = ("(" if low_open else "["), ("" if high is None else (")" if high_open else "]"))
-        interval = f"{lo}{low}, {'inf)' if high is None else f'{high}{hi}'}"
-        raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")
-    return float(value)
-
-
 class Adam:
     """Adam with bias correction; updates a dict of parameters in place.
 
@@ -246,13 +232,13 @@ class Adam:
                  eps: float = 1e-8, weight_decay: float = 0.0,
                  decay: Callable[[str, np.ndarray], bool] | Iterable[str] | None = None,
                  kernel: str = "numba") -> None:
-        self.lr = _check_number("lr", lr, 0.0)
+        self.lr = check_number("lr", lr, 0.0)
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
-        self.betas = (_check_number("beta1", betas[0], 0.0, 1.0),
-                      _check_number("beta2", betas[1], 0.0, 1.0))
-        self.eps = _check_number("eps", eps, 0.0)
-        self.weight_decay = _check_number("weight_decay", weight_decay, 0.0)
+        self.betas = (check_number("beta1", betas[0], 0.0, 1.0),
+                      check_number("beta2", betas[1], 0.0, 1.0))
+        self.eps = check_number("eps", eps, 0.0)
+        self.weight_decay = check_number("weight_decay", weight_decay, 0.0)
         if decay is None:
             decay = decay_matrices
         elif not callable(decay):
@@ -329,7 +315,7 @@ class Adam:
             If keys, shapes or dtypes disagree, ``lr`` is invalid, or the set of parameters
             differs from the one the moments were made for. Nothing is modified then.
         """
-        lr = self.lr if lr is None else _check_number("lr", lr, 0.0)
+        lr = self.lr if lr is None else check_number("lr", lr, 0.0)
         self._check(params, grads)
         if not self.m:
             for name, p in params.items():
@@ -399,11 +385,11 @@ class Adam:
                              f"t = 0 and no moments, a used one both")
         hyper = {k: float(np.asarray(state[k])) for k in ("lr", "beta1", "beta2", "eps",
                                                          "weight_decay")}
-        self.lr = _check_number("state['lr']", hyper["lr"], 0.0)
-        self.betas = (_check_number("state['beta1']", hyper["beta1"], 0.0, 1.0),
-                      _check_number("state['beta2']", hyper["beta2"], 0.0, 1.0))
-        self.eps = _check_number("state['eps']", hyper["eps"], 0.0)
-        self.weight_decay = _check_number("state['weight_decay']", hyper["weight_decay"], 0.0)
+        self.lr = check_number("state['lr']", hyper["lr"], 0.0)
+        self.betas = (check_number("state['beta1']", hyper["beta1"], 0.0, 1.0),
+                      check_number("state['beta2']", hyper["beta2"], 0.0, 1.0))
+        self.eps = check_number("state['eps']", hyper["eps"], 0.0)
+        self.weight_decay = check_number("state['weight_decay']", hyper["weight_decay"], 0.0)
         self.t = int(t)
         self.m = {k: np.array(a, copy=True, order="C") for k, a in m.items()}
         self.v = {k: np.array(a, copy=True, order="C") for k, a in v.items()}
@@ -434,86 +420,3 @@ class AdamW(Adam):
                  decay: Callable[[str, np.ndarray], bool] | Iterable[str] | None = None,
                  kernel: str = "numba") -> None:
         super().__init__(lr, betas, eps, weight_decay, decay, kernel)
-
-
-# --------------------------------------------------------------------------------------------
-# Learning-rate schedules: callables step -> lr
-# --------------------------------------------------------------------------------------------
-
-def _check_step(step: object) -> int:
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise ValueError(f"step must be a non-negative integer, got {step!r}")
-    return int(step)
-
-
-def constant_lr(lr: float) -> Callable[[int], float]:
-    """The schedule ``step -> lr`` for every step.
-
-    Raises
-    ------
-    ValueError
-        If ``lr`` is not a positive finite number.
-    """
-    lr = _check_number("lr", lr, 0.0, low_open=True)
-
-    def schedule(step: int) -> float:
-        _check_step(step)
-        return lr
-
-    return schedule
-
-
-def warmup_cosine(lr: float, warmup_steps: int, total_steps: int,
-                  floor: float = 0.0) -> Callable[[int], float]:
-    """Linear warmup from 0 to ``lr``, then a half cosine down to ``floor``.
-
-    Parameters
-    ----------
-    lr : float
-        Peak learning rate, reached at ``step == warmup_steps``. Positive.
-    warmup_steps : int
-        Length of the linear ramp, >= 0 (0: start at the peak).
-    total_steps : int
-        Step at which the cosine reaches ``floor``; it stays there afterwards.
-        Must exceed ``warmup_steps``.
-    floor : float, default 0.0
-        Final learning rate, in ``[0, lr]``.
-
-    Returns
-    -------
-    schedule : callable int -> float
-        ``schedule(step)`` for ``step >= 0``. Pass the number of the update about to be made,
-        counting from 1 (``opt.t + 1``): step 0 gives 0, step 1 gives ``lr / warmup_steps``.
-
-    Raises
-    ------
-    ValueError
-        Naming the first invalid argument.
-
-    Notes
-    -----
-    ::
-
-        step <= warmup:          lr * step / warmup
-        warmup < step < total:   floor + (lr - floor) * (1 + cos(pi * progress)) / 2,
-                                 progress = (step - warmup) / (total - warmup)
-        step >= total:           floor
-    """
-    lr = _check_number("lr", lr, 0.0, low_open=True)
-    for name, value in (("warmup_steps", warmup_steps), ("total_steps", total_steps)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-    if total_steps <= warmup_steps:
-        raise ValueError(f"total_steps ({total_steps}) must exceed warmup_steps "
-                         f"({warmup_steps})")
-    floor = _check_number("floor", floor, 0.0, lr, high_open=False)
-    warmup, total = int(warmup_steps), int(total_steps)
-
-    def schedule(step: int) -> float:
-        step = _check_step(step)
-        if step < warmup:
-            return lr * step / warmup
-        progress = min((step - warmup) / (total - warmup), 1.0)
-        return floor + (lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return schedule

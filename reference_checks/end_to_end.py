@@ -30,7 +30,8 @@ from numpy_transformer import interop
 from numpy_transformer.corpus import load_corpus
 from numpy_transformer.data import CharTokenizer, get_batch, window_schedule
 from numpy_transformer.nn import DecoderLM, EncoderDecoder, TransformerConfig
-from numpy_transformer.optim import Adam, constant_lr
+from numpy_transformer.optim import Adam
+from numpy_transformer.schedules import constant_lr
 from numpy_transformer.tasks import reverse_batch
 from numpy_transformer.train import Batch, Trainer
 

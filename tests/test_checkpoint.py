@@ -13,7 +13,7 @@ from _run_helpers import TINY_FIELDS, small_text
 from numpy_transformer import checkpoint as ck
 from numpy_transformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from numpy_transformer.nn import DecoderLM, EncoderDecoder, TransformerConfig
-from numpy_transformer.runs import Run, resolve_options, run_from_checkpoint
+from numpy_transformer.run_setup import Run, resolve_options, run_from_checkpoint
 from numpy_transformer.train import Batch
 
 

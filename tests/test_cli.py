@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from _run_helpers import PYTHON, TINY, one_line_error, run_cli, small_text
 
-from numpy_transformer import cli, runs
+from numpy_transformer import cli, run_setup
 from numpy_transformer.checkpoint import load_checkpoint
 from numpy_transformer.nn import DecoderLM, TransformerConfig
+from numpy_transformer.run_dir import read_log
 from numpy_transformer.train import Trainer
 
 
@@ -32,7 +33,7 @@ def tiny_run(tmp_path_factory):
 # ------------------------------------------------------------------------------------ defaults
 
 def test_default_train_is_the_chapter_char_model():
-    fields, options = runs.resolve_options("lm", {})
+    fields, options = run_setup.resolve_options("lm", {})
     assert fields == dict(width=84, heads=4, layers=2, ffn_width=168, max_len=100,
                           norm="layernorm", activation="relu", positions="sinusoidal",
                           norm_first=True, dropout=0.0, embed_scale=True, backend="numba",
@@ -75,7 +76,7 @@ def test_run_folder_has_everything(tiny_run):
                      "sample.txt"}
     for png in ("loss.png", "attention.png"):
         assert (run_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    records = runs.read_log(run_dir / "log.jsonl")
+    records = read_log(run_dir / "log.jsonl")
     assert [r["step"] for r in records if "loss" in r] == list(range(1, 13))
     final = [r for r in records if r.get("final")]
     assert len(final) == 1 and np.isfinite(final[0]["val_loss"])

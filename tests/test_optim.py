@@ -15,9 +15,8 @@ from numpy_transformer.optim import (
     adam_update_numba,
     adam_update_numpy,
     clip_grad_norm,
-    constant_lr,
-    warmup_cosine,
 )
+from numpy_transformer.schedules import constant_lr, warmup_cosine
 
 KERNELS = ["numpy", "numba"]
 SHAPES = {"emb": (11, 6), "w": (6, 5), "b": (5,), "gain": (5,), "w3": (2, 3, 4)}

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from _run_helpers import PYTHON, TINY, TINY_FIELDS, one_line_error, run_cli, small_text
 
-from numpy_transformer import runs
+from numpy_transformer import run_setup, runs
 from numpy_transformer.checkpoint import load_checkpoint
+from numpy_transformer.run_dir import read_log
 from numpy_transformer.train import Trainer
 
 STEPS = 24
@@ -27,15 +28,15 @@ def options(task, tmp_path, **extra):
         given["text"] = small_text(tmp_path)
     else:
         given["max_len"] = 6
-    return runs.resolve_options(task, given)
+    return run_setup.resolve_options(task, given)
 
 
 def losses(run_dir):
-    return [(r["step"], r["loss"]) for r in runs.read_log(run_dir / "log.jsonl") if "loss" in r]
+    return [(r["step"], r["loss"]) for r in read_log(run_dir / "log.jsonl") if "loss" in r]
 
 
 def evals(run_dir):
-    return [(r["step"], r["val_loss"]) for r in runs.read_log(run_dir / "log.jsonl")
+    return [(r["step"], r["val_loss"]) for r in read_log(run_dir / "log.jsonl")
             if "val_loss" in r]
 
 
@@ -156,7 +157,7 @@ def test_same_run_stopped_in_a_folder_points_to_resume(tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         stop_at(m, 4)
         assert runs.start_run(fields, opts, str(run_dir), False, progress=False) == 130
-    with pytest.raises(runs.UsageError, match=f"stopped at step 4; continue it with "
+    with pytest.raises(run_setup.UsageError, match=f"stopped at step 4; continue it with "
                        f"'numpy-transformer train --resume {run_dir}'"):
         runs.start_run(fields, opts, str(run_dir), False, progress=False)
 
@@ -172,7 +173,7 @@ def test_resume_after_a_stop_during_the_report_writes_it_again(reference, tmp_pa
     assert runs.resume_run(run_dir, progress=False) == 0
     assert "writing its report" in capsys.readouterr().out
     assert_same_run(run_dir, reference("lm"))
-    assert sum(1 for r in runs.read_log(run_dir / "log.jsonl") if r.get("final")) == 1
+    assert sum(1 for r in read_log(run_dir / "log.jsonl") if r.get("final")) == 1
 
 
 def test_resume_refuses_changed_training_text(tmp_path, monkeypatch):

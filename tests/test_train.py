@@ -5,7 +5,8 @@ import pytest
 
 from numpy_transformer.data import window_schedule
 from numpy_transformer.nn import DecoderLM, TransformerConfig
-from numpy_transformer.optim import Adam, constant_lr
+from numpy_transformer.optim import Adam
+from numpy_transformer.schedules import constant_lr
 from numpy_transformer.train import Batch, NonFiniteError, Trainer, lm_batches
 
 
