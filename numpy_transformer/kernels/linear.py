@@ -41,7 +41,7 @@ from ..threads import blas_on_calling_thread
 
 _MIN_ROWS = 256  # fewer rows: the reference's one BLAS call
 _CHUNK_ROWS = 128  # chunks are at least this tall ...
-_MAX_CHUNKS = 8  # ... and at most this many: 4 per thread on 2 cores
+_MAX_CHUNKS = 8  # ... and at most this many: 4 per thread on 2 cores (and at most 8 threads)
 _JIT = dict(cache=True, nogil=True)
 
 
