@@ -181,6 +181,14 @@ def _copy_rows(src, rows, scale, dst):
             dst[r, c] = src[r, c] * scale
 
 
+@njit(**_JIT)
+def _gathered(src, rows, scale, scratch):
+    # src[:rows] * scale as a C-contiguous (rows, D) view of the 1-D scratch, for BLAS
+    dst = scratch[:rows * src.shape[1]].reshape((rows, src.shape[1]))
+    _copy_rows(src, rows, scale, dst)
+    return dst
+
+
 @njit(parallel=True, **_JIT)
 def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, bias, bstr,
                          has_bias, n_threads, out, lse):  # pragma: no cover - compiled
@@ -200,6 +208,7 @@ def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, b
     o_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)
     inv_z_scratch = np.empty((n_threads, _BLOCK_Q))
     acc_scratch = np.empty((n_threads, 8), q.dtype)
+    one = q.dtype.type(1)
     for item in prange(n_b * heads * n_blk):
         b, blk, h = item // (heads * n_blk), (item // heads) % n_blk, item % heads
         i0 = blk * _BLOCK_Q
@@ -212,12 +221,9 @@ def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, b
             lse[b, h, i0:i1] = -np.inf
             continue
         tid = numba.get_thread_id()
-        qs = qs_scratch[tid, :n * d].reshape((n, d))  # (n, D) q * scale
-        _copy_rows(q[b, h, i0:i1], n, scale, qs)
-        ks = kv_scratch[tid, 0, :k_hi * d].reshape((k_hi, d))  # (k_hi, D)
-        _copy_rows(k[b, h], k_hi, q.dtype.type(1), ks)
-        vs = kv_scratch[tid, 1, :k_hi * d].reshape((k_hi, d))
-        _copy_rows(v[b, h], k_hi, q.dtype.type(1), vs)
+        qs = _gathered(q[b, h, i0:i1], n, scale, qs_scratch[tid])  # (n, D) q * scale
+        ks = _gathered(k[b, h], k_hi, one, kv_scratch[tid, 0])  # (k_hi, D)
+        vs = _gathered(v[b, h], k_hi, one, kv_scratch[tid, 1])
         e = s_scratch[tid, :n * k_hi].reshape((n, k_hi))  # (n, k_hi)
         np.dot(qs, ks.T, e)  # (1) s = q k^T * scale
         acc, inv_z = acc_scratch[tid], inv_z_scratch[tid]
@@ -275,10 +281,8 @@ def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, 
         b, c, h = item // (heads * n_chunks), (item // heads) % n_chunks, item % heads
         tid = numba.get_thread_id()
         k_all = _key_end(t_q - 1, b, t_q, t_k, causal, kv_len)  # keys any query may see
-        ks = kv_scratch[tid, 0, :k_all * d].reshape((k_all, d))
-        _copy_rows(k[b, h], k_all, one, ks)
-        vs = kv_scratch[tid, 1, :k_all * d].reshape((k_all, d))
-        _copy_rows(v[b, h], k_all, one, vs)
+        ks = _gathered(k[b, h], k_all, one, kv_scratch[tid, 0])  # (k_all, D)
+        vs = _gathered(v[b, h], k_all, one, kv_scratch[tid, 1])
         dk_acc = acc_scratch[tid, 0, :t_k * d].reshape((t_k, d))
         dv_acc = acc_scratch[tid, 1, :t_k * d].reshape((t_k, d))
         dk_acc[:] = 0.0
@@ -293,10 +297,8 @@ def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, 
             if k_hi == 0:
                 dq[b, h, i0:i1] = 0.0
                 continue
-            qs = qs_scratch[tid, :n * d].reshape((n, d))  # (n, D) q * scale
-            _copy_rows(q[b, h, i0:i1], n, scale, qs)
-            do_blk = do_scratch[tid, :n * d].reshape((n, d))  # (n, D)
-            _copy_rows(dout[b, h, i0:i1], n, one, do_blk)
+            qs = _gathered(q[b, h, i0:i1], n, scale, qs_scratch[tid])  # (n, D) q * scale
+            do_blk = _gathered(dout[b, h, i0:i1], n, one, do_scratch[tid])  # (n, D)
             delta = delta_scratch[tid]
             for r in range(n):  # (4) delta_i = sum_j dp_ij p_ij = sum_d dout_id out_id
                 total = 0.0

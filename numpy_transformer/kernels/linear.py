@@ -45,6 +45,11 @@ _MAX_CHUNKS = 8  # ... and at most this many: 4 per thread on 2 cores (and at mo
 _JIT = dict(cache=True, nogil=True)
 
 
+def _use_reference(n: int) -> bool:
+    """Whether n rows go to the reference's single BLAS call (few rows, or one thread)."""
+    return n < _MIN_ROWS or numba.get_num_threads() == 1
+
+
 def _chunks(n: int) -> int:
     return min(_MAX_CHUNKS, max(1, n // _CHUNK_ROWS))
 
@@ -88,9 +93,9 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
     """Affine map over the last axis; see ``functional.linear.linear_forward``."""
     check_float("x", x)
     check_last_dim("x", x, w.shape[0])
-    x2 = np.ascontiguousarray(x).reshape(-1, w.shape[0])  # (N, C_in)
-    if x2.shape[0] < _MIN_ROWS or numba.get_num_threads() == 1:
+    if _use_reference(x.size // w.shape[0]):
         return reference.linear_forward(x, w, b)
+    x2 = np.ascontiguousarray(x).reshape(-1, w.shape[0])  # (N, C_in)
     has_bias = b is not None
     dtype = np.result_type(x, w, *((b,) if has_bias else ()))  # NumPy's promotion, as x @ w + b
     x2, w = x2.astype(dtype, copy=False), w.astype(dtype, copy=False)
@@ -107,10 +112,10 @@ def linear_backward(dout: np.ndarray, cache: LinearCache):
     x, w, has_bias = cache
     c_in, c_out = w.shape
     x2 = x.reshape(-1, c_in)
-    dout2 = np.ascontiguousarray(dout, dtype=x.dtype).reshape(-1, c_out)  # (N, C_out)
     n = x2.shape[0]
-    if n < _MIN_ROWS or numba.get_num_threads() == 1:
+    if _use_reference(n):
         return reference.linear_backward(dout, cache)
+    dout2 = np.ascontiguousarray(dout, dtype=x.dtype).reshape(-1, c_out)  # (N, C_out)
     chunks = _chunks(n)
     dx = np.empty_like(x2)  # (N, C_in)
     dw_part = np.empty((chunks, c_in, c_out), dtype=x.dtype)

@@ -233,6 +233,15 @@ class EncoderClassifier(Module):
         self.encoder.backward(self.head.backward(dlogits))
 
 
+def _vocab_head(config: TransformerConfig, decoder: Decoder,
+                rng: np.random.Generator) -> Linear | TiedOutput:
+    """The output projection to the vocabulary: the decoder's token table reused, or a Linear."""
+    if config.tie_embeddings:
+        return TiedOutput(decoder.embed.tokens, backend=config.backend)
+    return Linear(config.width, config.vocab, dtype=np.dtype(config.dtype), rng=rng,
+                  backend=config.backend)
+
+
 class DecoderLM(Module):
     """Causal decoder-only language model: tokens (B, T) -> next-token logits (B, T, V).
 
@@ -257,13 +266,7 @@ class DecoderLM(Module):
         self.config = config.validate()
         rng = np.random.default_rng(config.seed)
         self.decoder = self.add("decoder", Decoder(config, rng))
-        if config.tie_embeddings:
-            self.head = self.add("head", TiedOutput(self.decoder.embed.tokens,
-                                                    backend=config.backend))
-        else:
-            self.head = self.add("head", Linear(config.width, config.vocab,
-                                                dtype=np.dtype(config.dtype), rng=rng,
-                                                backend=config.backend))
+        self.head = self.add("head", _vocab_head(config, self.decoder, rng))
 
     def forward(self, tokens: np.ndarray) -> np.ndarray:
         """tokens : int (B, T) -> logits (B, T, V); position t sees tokens 0 .. t only."""
@@ -304,13 +307,7 @@ class EncoderDecoder(Module):
         rng = np.random.default_rng(config.seed)
         self.encoder = self.add("encoder", Encoder(config, rng))
         self.decoder = self.add("decoder", Decoder(config, rng, cross=True))
-        if config.tie_embeddings:
-            self.head = self.add("head", TiedOutput(self.decoder.embed.tokens,
-                                                    backend=config.backend))
-        else:
-            self.head = self.add("head", Linear(config.width, config.vocab,
-                                                dtype=np.dtype(config.dtype), rng=rng,
-                                                backend=config.backend))
+        self.head = self.add("head", _vocab_head(config, self.decoder, rng))
 
     def forward(self, src: np.ndarray, tgt: np.ndarray,
                 src_lengths: np.ndarray | None = None) -> np.ndarray:
