@@ -76,37 +76,65 @@ def _bits_as_float(typingctx, bits):
     return sig, codegen
 
 
+def exp_clamped(y):
+    """``exp(y)`` of one number ``y <= 0``, exactly 0 at or below the floor (and for -inf).
+
+    The floor is -708 in float64 and -87 in float32, where exp nears the smallest normal
+    number. NumPy reference: ``np.exp(y)``. In compiled code the name resolves to
+    ``_exp_f32`` or ``_exp_f64`` by y's dtype; loops that call it vectorise.
+    """
+    return np.exp(y)
+
+
+@njit(**_JIT)
+def _exp_f64(y):  # pragma: no cover - compiled
+    y = max(y, -708.0)
+    t = np.floor(y * 1.4426950408889634 + 0.5)  # t = round(y / ln2)
+    r = (y - t * 6.93147180369123816490e-01) - t * 1.90821492927058770002e-10
+    e_r = 1.0 + r * (1.0 + r * (1 / 2 + r * (1 / 6 + r * (1 / 24 + r * (1 / 120 + r * (
+        1 / 720 + r * (1 / 5040 + r * (1 / 40320 + r * (1 / 362880 + r * (
+            1 / 3628800 + r * (1 / 39916800 + r * (1 / 479001600 + r * (
+                1 / 6227020800)))))))))))))  # exp(r)
+    two_t = _bits_as_float(np.int64((np.int64(t) + 1023) << 52))  # 2^t
+    return e_r * two_t if y > -708.0 else 0.0
+
+
+@njit(**_JIT)
+def _exp_f32(y):  # pragma: no cover - compiled
+    # float32 arithmetic, so that 8 lanes fit one AVX register, and a polynomial of degree 7,
+    # enough for a 24-bit mantissa
+    lo = np.float32(-87.0)
+    y = max(y, lo)
+    t = np.floor(y * np.float32(1.4426950408889634) + np.float32(0.5))
+    r = (y - t * np.float32(0.693359375)) - t * np.float32(-2.12194440e-4)
+    e_r = np.float32(1.0) + r * (np.float32(1.0) + r * (np.float32(1 / 2) + r * (
+        np.float32(1 / 6) + r * (np.float32(1 / 24) + r * (np.float32(1 / 120) + r * (
+            np.float32(1 / 720) + r * np.float32(1 / 5040)))))))
+    two_t = _bits_as_float(np.int32((np.int32(t) + 127) << 23))  # 2^t (int32 + int: int64)
+    return e_r * two_t if y > lo else np.float32(0.0)
+
+
+@overload(exp_clamped, jit_options=_JIT)
+def _exp_clamped_numba(y):
+    if y == types.float32:
+        return lambda y: _exp_f32(y)
+    return lambda y: _exp_f64(y)
+
+
 @njit(**_JIT)
 def _exp_shifted_f64(x, n, shift):  # pragma: no cover - compiled
     # e = exp(x - shift) in place.  x: (>= n,) float64
     for j in range(n):
-        y = max(x[j] - shift, -708.0)
-        t = np.floor(y * 1.4426950408889634 + 0.5)  # t = round(y / ln2)
-        r = (y - t * 6.93147180369123816490e-01) - t * 1.90821492927058770002e-10
-        e_r = 1.0 + r * (1.0 + r * (1 / 2 + r * (1 / 6 + r * (1 / 24 + r * (1 / 120 + r * (
-            1 / 720 + r * (1 / 5040 + r * (1 / 40320 + r * (1 / 362880 + r * (
-                1 / 3628800 + r * (1 / 39916800 + r * (1 / 479001600 + r * (
-                    1 / 6227020800)))))))))))))  # exp(r)
-        two_t = _bits_as_float(np.int64((np.int64(t) + 1023) << 52))  # 2^t
-        x[j] = e_r * two_t if y > -708.0 else 0.0
+        x[j] = _exp_f64(x[j] - shift)
 
 
 @njit(**_JIT)
 def _exp_shifted_f32(x, n, shift):  # pragma: no cover - compiled
-    # e = exp(x - shift) in place.  x: (>= n,) float32. Float32 arithmetic, so that 8 lanes
-    # fit one AVX register, and a polynomial of degree 7, enough for a 24-bit mantissa
-    lo = np.float32(-87.0)
+    # e = exp(x - shift) in place.  x: (>= n,) float32
     shift_hi = np.float32(shift)  # shift = shift_hi + shift_lo keeps a float64 shift's
     shift_lo = np.float32(shift - shift_hi)  # precision in float32 arithmetic
     for j in range(n):
-        y = max((x[j] - shift_hi) - shift_lo, lo)
-        t = np.floor(y * np.float32(1.4426950408889634) + np.float32(0.5))
-        r = (y - t * np.float32(0.693359375)) - t * np.float32(-2.12194440e-4)
-        e_r = np.float32(1.0) + r * (np.float32(1.0) + r * (np.float32(1 / 2) + r * (
-            np.float32(1 / 6) + r * (np.float32(1 / 24) + r * (np.float32(1 / 120) + r * (
-                np.float32(1 / 720) + r * np.float32(1 / 5040)))))))
-        two_t = _bits_as_float(np.int32((np.int32(t) + 127) << 23))  # 2^t (int32 + int: int64)
-        x[j] = e_r * two_t if y > lo else np.float32(0.0)
+        x[j] = _exp_f32((x[j] - shift_hi) - shift_lo)
 
 
 @overload(exp_shifted, jit_options=_JIT)
