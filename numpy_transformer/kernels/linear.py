@@ -40,8 +40,11 @@ from ..functional.linear import LinearCache
 from ..threads import blas_on_calling_thread
 
 _MIN_ROWS = 256  # fewer rows: the reference's one BLAS call
-_CHUNK_ROWS = 128  # chunks are at least this tall ...
-_MAX_CHUNKS = 8  # ... and at most this many: 4 per thread on 2 cores (and at most 8 threads)
+# Chunks of about _CHUNK_ROWS rows or more, at least 2 and at most _MAX_CHUNKS (4 per thread on
+# 2 cores). Taller chunks make faster products: on 768 rows of width 128, 2 chunks of 384 were
+# 10-15% faster than 6 of 128 (OpenBLAS single-threaded: 190 GF/s at 128 rows, 245 at 384)
+_CHUNK_ROWS = 384
+_MAX_CHUNKS = 8
 _JIT = dict(cache=True, nogil=True)
 
 
@@ -51,7 +54,7 @@ def _use_reference(n: int) -> bool:
 
 
 def _chunks(n: int) -> int:
-    return min(_MAX_CHUNKS, max(1, n // _CHUNK_ROWS))
+    return min(_MAX_CHUNKS, max(2, n // _CHUNK_ROWS))
 
 
 @njit(parallel=True, **_JIT)
