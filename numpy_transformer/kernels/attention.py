@@ -93,6 +93,8 @@ from .special import exp_clamped
 # mask a block computes its rectangle up to its last row's keys, so the hidden triangle it
 # computes and discards is 128 * 128 / 2 scores per block.
 _BLOCK_Q = 128
+# keys summed in the scores' dtype before the partial sum joins the float64 total (forward)
+_SUM_KEYS = 64
 
 _JIT = dict(cache=True, fastmath=False, nogil=True)
 
@@ -178,18 +180,23 @@ def _add_into(acc, x):
 
 
 @njit(**_JIT)
-def _exp_minus(x, shift_hi, shift_lo):
-    # x = exp((x - shift_hi) - shift_lo) entry by entry, 0 where x = -inf.  All (n,). The
-    # shift in two parts: in float32, a float64 shift (lse) keeps its precision that way
+def _exp_sum_into(x, shift, total):
+    # x = exp(x - shift), total += x, entry by entry; 0 where x = -inf.  All (n,), one dtype
     for r in range(x.size):
-        x[r] = exp_clamped((x[r] - shift_hi[r]) - shift_lo[r])
+        e = exp_clamped(x[r] - shift[r])
+        x[r] = e
+        total[r] += e
 
 
 @njit(**_JIT)
-def _softmax_grad(ds, p, delta):
-    # ds = p * (ds - delta) entry by entry.  All (n,)
-    for r in range(ds.size):
-        ds[r] = p[r] * (ds[r] - delta[r])
+def _softmax_backward_into(p, ds, lse_hi, lse_lo, delta):
+    # in place, entry by entry: p holds s -> p, ds holds dp -> ds.  All (n,), one dtype.
+    # lse in two parts: in float32 the pair keeps the float64 lse's precision
+    for r in range(p.size):
+        pr = exp_clamped((p[r] - lse_hi[r]) - lse_lo[r])  # (4) p = exp(s - lse)
+        p[r] = pr
+        # (4) p = softmax(s)  =>  ds = p * (dp - delta)   (p = 0 masked: ds = 0)
+        ds[r] = pr * (ds[r] - delta[r])
 
 
 @njit(**_JIT)
@@ -203,16 +210,18 @@ def _column_max(s_t, i0, n, t_q, t_k, causal, m):
 
 
 @njit(**_JIT)
-def _exp_columns(e_t, i0, n, t_q, t_k, causal, m, zero, z):
+def _exp_columns(e_t, i0, n, t_q, t_k, causal, m, z_part, z):
     # (4) in place on e_t (k_hi, n): e = exp(s - m[r]), z[r] = sum_j e; 0 where hidden or
-    # masked. zero: (>= n,) zeros of e_t's dtype; z: (>= n,) float64, already zeroed. Two
-    # passes over each row of keys: with the float64 sum in the same loop as the exp, the
-    # compiler gave up on SIMD code
-    for j in range(e_t.shape[0]):
-        lo = _first_row(j, i0, n, t_q, t_k, causal)
-        e_t[j, :lo] = 0.0
-        _exp_minus(e_t[j, lo:n], m[lo:n], zero[lo:n])
-        _add_into(z[lo:n], e_t[j, lo:n])
+    # masked. z: (>= n,) float64, already zeroed. The sum runs in e_t's dtype over
+    # _SUM_KEYS keys at a time (z_part: (>= n,)), each partial then added into z: one pass
+    # over the scores instead of two, with the rounding error of a 64-term float32 sum
+    for j0 in range(0, e_t.shape[0], _SUM_KEYS):
+        z_part[:n] = 0.0
+        for j in range(j0, min(j0 + _SUM_KEYS, e_t.shape[0])):
+            lo = _first_row(j, i0, n, t_q, t_k, causal)
+            e_t[j, :lo] = 0.0
+            _exp_sum_into(e_t[j, lo:n], m[lo:n], z_part[lo:n])
+        _add_into(z[:n], z_part[:n])
 
 
 @njit(**_JIT)
@@ -223,9 +232,8 @@ def _softmax_backward_columns(p_t, ds_t, i0, n, t_q, t_k, causal, lse_hi, lse_lo
         lo = _first_row(j, i0, n, t_q, t_k, causal)
         p_t[j, :lo] = 0.0  # hidden by the causal structure: p = 0, ds = 0
         ds_t[j, :lo] = 0.0
-        _exp_minus(p_t[j, lo:n], lse_hi[lo:n], lse_lo[lo:n])  # (4) p = exp(s - lse)
-        # (4) p = softmax(s)  =>  ds = p * (dp - delta)   (p = 0 masked: ds = 0)
-        _softmax_grad(ds_t[j, lo:n], p_t[j, lo:n], delta[lo:n])
+        _softmax_backward_into(p_t[j, lo:n], ds_t[j, lo:n], lse_hi[lo:n], lse_lo[lo:n],
+                               delta[lo:n])
 
 
 @njit(**_JIT)
@@ -265,8 +273,7 @@ def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, b
     qs_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)
     kv_scratch = np.empty((n_threads, 2, t_k * d), q.dtype)  # the block's keys and values
     o_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)
-    m_scratch = np.empty((n_threads, _BLOCK_Q), q.dtype)
-    zero = np.zeros(_BLOCK_Q, q.dtype)
+    m_scratch = np.empty((n_threads, 2, _BLOCK_Q), q.dtype)  # row max, partial sum
     z_scratch = np.empty((n_threads, _BLOCK_Q))
     one = q.dtype.type(1)
     for item in prange(n_b * heads * n_blk):
@@ -288,13 +295,13 @@ def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, b
         np.dot(ks, qs.T, e_t)  # (1) s^T = k (q * scale)^T
         _mask_scores(e_t, i0, n, b, h, t_q, t_k, causal, mask, mstr, has_mask, bias, bstr,
                      has_bias)
-        m, z = m_scratch[tid], z_scratch[tid]
+        m, z_part, z = m_scratch[tid, 0], m_scratch[tid, 1], z_scratch[tid]
         _column_max(e_t, i0, n, t_q, t_k, causal, m)  # (4) softmax, stabilised by the max
         for r in range(n):
             z[r] = 0.0
             if m[r] == -np.inf:  # every key masked: e = 0 below, so z = 0 and out = 0
                 m[r] = 0.0
-        _exp_columns(e_t, i0, n, t_q, t_k, causal, m, zero, z)  # (4) e = exp(s - m), z = sum e
+        _exp_columns(e_t, i0, n, t_q, t_k, causal, m, z_part, z)  # (4) e = exp(s - m), z = sum e
         o = o_scratch[tid, :n * d].reshape((n, d))
         np.dot(e_t.T, vs, o)  # (5) out = p v = (e v) / z  (n, D)
         for r in range(n):

@@ -82,12 +82,14 @@ def exp_clamped(y):
 
 def _bit_cast(typingctx, x, pairs):
     """(signature, codegen) of a bit cast from x's Numba type to its partner in ``pairs``."""
-    for source, (target, llvm_type) in pairs.items():
-        if x == source:
-            def codegen(context, builder, signature, args):
-                return builder.bitcast(args[0], llvm_type)
-            return target(source), codegen
-    return None
+    if x not in pairs:
+        return None
+    target, llvm_type = pairs[x]
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], llvm_type)
+
+    return target(x), codegen
 
 
 @intrinsic
