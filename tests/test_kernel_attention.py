@@ -61,12 +61,12 @@ KINDS = ["none", "causal", "causal, fewer queries", "padding", "causal+padding",
          "alibi", "alibi+causal", "cross, more queries", "cross, more keys"]
 
 
-def run_both(t_q, t_k, mask, bias, dtype, rng, b=B, h=H):
+def run_both(t_q, t_k, mask, bias, dtype, rng, b=B, h=H, d=D):
     """Forward and backward of reference and kernel on the same inputs, random upstream G."""
-    q = rng.standard_normal((b, h, t_q, D)).astype(dtype)
-    k = rng.standard_normal((b, h, t_k, D)).astype(dtype)
-    v = rng.standard_normal((b, h, t_k, D)).astype(dtype)
-    g = rng.standard_normal((b, h, t_q, D)).astype(dtype)
+    q = rng.standard_normal((b, h, t_q, d)).astype(dtype)
+    k = rng.standard_normal((b, h, t_k, d)).astype(dtype)
+    v = rng.standard_normal((b, h, t_k, d)).astype(dtype)
+    g = rng.standard_normal((b, h, t_q, d)).astype(dtype)
     if bias is not None:
         bias = bias.astype(dtype)
     out_r, cache_r = ref.sdpa_forward(q, k, v, mask, bias)
@@ -87,6 +87,33 @@ def test_kernel_matches_reference(kind, dtype):
         assert np.isfinite(g).all(), f"{kind}: {name} not finite"
         err = rel_err(g, w)
         assert err <= TOL[dtype], f"{kind} {dtype.__name__}: {name} relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("kind", ["none", "causal", "cross, more keys"])
+def test_wide_heads_multiply_in_pieces(kind, dtype):
+    """At D = 64 the products along the keys run in pieces of 122 keys (OpenBLAS's small
+    matrices), several per block here: the pieces must add up to the whole products."""
+    assert ker._key_piece(ker._BLOCK_Q, 64) < T
+    rng = np.random.default_rng(5)
+    t_q, t_k, mask, bias = make_case(kind, rng)
+    want, got, _ = run_both(t_q, t_k, mask, bias, dtype, rng, d=64)
+    for name, w, g in zip(("out", "dq", "dk", "dv"), want, got, strict=True):
+        err = rel_err(g, w)
+        assert err <= TOL[dtype], f"{kind} {dtype.__name__}: {name} relative error {err:.2e}"
+
+
+def test_products_in_pieces_match_numpy():
+    """The piecewise products themselves, on rows that make three pieces and a short one."""
+    rng = np.random.default_rng(6)
+    a, b, c = (rng.standard_normal(s) for s in ((1000, 128), (128, 16), (1000, 16)))
+    assert ker._key_piece(128, 16) * 2 < 1000 < ker._key_piece(128, 16) * 3
+    out = np.empty((1000, 16))
+    ker._dot_by_rows(a, b, out)
+    assert rel_err(out, a @ b) <= 1e-13
+    out, part = np.empty((128, 16)), np.empty((128, 16))
+    ker._dot_t_by_rows(a, c, out, part)
+    assert rel_err(out, a.T @ c) <= 1e-13
 
 
 def test_structured_masks_take_the_skipping_path():

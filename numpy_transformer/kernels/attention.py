@@ -25,15 +25,15 @@ How the work is split
 Queries are cut into blocks of ``_BLOCK_Q`` rows. A block's scores are kept transposed,
 ``s_t[j, r] = s[i0 + r, j]``: key j by query r, so that the block's queries sit side by side in
 memory. Every softmax loop then runs along a row of ``s_t``, across queries, where the
-compiler makes SIMD code of it and each query keeps its own running max and sum; and the
-products come out in the shapes OpenBLAS handles best (many rows, as in ``k q^T``, rather than
-a long sum over few columns: 2-2.5x faster for D = 16-32 at T = 1024). For one (batch, head)
-pair and one query block the forward pass does::
+compiler makes SIMD code of it and each query keeps its own running max and sum. The products
+run through OpenBLAS (Numba's ``np.dot``) in pieces of keys small enough for its small-matrix
+kernels (``_dot_by_rows``; measured 1.2-2x faster than whole products at T = 1024). For one
+(batch, head) pair and one query block the forward pass does::
 
-    s_t = k (q_blk * scale)^T              (T_k, n)  one BLAS call   (1)
+    s_t = k (q_blk * scale)^T              (T_k, n)  BLAS            (1)
     s_t = s_t + bias, masked -> -inf                                 (2) (3)
     m   = max over keys,  e = exp(s - m),  z = sum_j e    along the query axis  (4)
-    out = (e_t^T v) / z                    (n, D)    one BLAS call   (5)
+    out = (e_t^T v) / z                    (n, D)    BLAS            (5)
     lse = m + log z                        (n,)      kept for the backward pass
 
 and the backward pass, for the same block, with delta_i = sum_d dout_id out_id::
@@ -88,11 +88,10 @@ from ..threads import blas_on_calling_thread
 from .special import exp_clamped
 
 # Query rows per block. Measured on the benchmark machine (2 MiB L2 per core, T up to 2048):
-# 128 rows were best overall among 32, 64, 128, 192 and 256 (64 is 5-20% slower: BLAS is less
-# efficient on the shorter products; 256 is ~5% faster at D = 64 but slower at D = 16 and
-# under a causal mask). One block's scores, (128, 2048) float32, take 1 MiB. Under a causal
-# mask a block computes its rectangle up to its last row's keys, so the hidden triangle it
-# computes and discards is 128 * 128 / 2 scores per block.
+# 128 rows were best overall among 64, 128 and 256 (64 and 256 were each 0-10% slower on
+# most shapes, 256 faster at T = 512, D = 32). One block's scores, (2048, 128) float32, take
+# 1 MiB. Under a causal mask a block computes its rectangle up to its last row's keys, so the
+# hidden triangle it computes and discards is 128 * 128 / 2 scores per block.
 _BLOCK_Q = 128
 # keys summed in the scores' dtype before the partial sum joins the float64 total (forward)
 _SUM_KEYS = 64
@@ -101,9 +100,9 @@ _JIT = dict(cache=True, fastmath=False, nogil=True)
 
 
 class SDPAKernelCache(NamedTuple):
-    q: np.ndarray  # (B, H, T_q, D) the inputs as given (any strides, not copied)
-    k: np.ndarray  # (B, H, T_k, D)
-    v: np.ndarray  # (B, H, T_k, D)
+    q: np.ndarray  # (B, H, T_q, D) as given (any strides, not copied)
+    k: np.ndarray  # (B, H, T_k, D) C-contiguous (copied if it was a view)
+    v: np.ndarray  # (B, H, T_k, D) C-contiguous
     out: np.ndarray  # (B, H, T_q, D) needed for delta_i = sum_d dout_id out_id
     lse: np.ndarray  # (B, H, T_q) float64 log-sum-exp of each row; -inf for a fully masked row
     scale: float
@@ -275,14 +274,15 @@ _SMALL_PRODUCT = 1_000_000
 
 
 @njit(**_JIT)
-def _key_piece(n, d):
-    # keys per piece, so that one piece's product stays small: n * d * piece <= _SMALL_PRODUCT
-    return max(16, _SMALL_PRODUCT // (n * d))
+def _key_piece(m, n):
+    # keys (rows) per piece, so that one piece's product stays small: m * n * piece <=
+    # _SMALL_PRODUCT, for the product of a (piece, m) and an (m, n) matrix, or its transpose
+    return max(16, _SMALL_PRODUCT // (m * n))
 
 
 @njit(**_JIT)
 def _dot_by_rows(a, b, out):
-    # out = a b, a few rows at a time.  a: (K, n), b: (n, D), out: (K, D)
+    # out = a b, a few rows at a time.  a: (K, M), b: (M, N), out: (K, N)
     piece = _key_piece(a.shape[1], b.shape[1])
     for j0 in range(0, a.shape[0], piece):
         np.dot(a[j0:j0 + piece], b, out[j0:j0 + piece])
@@ -290,8 +290,8 @@ def _dot_by_rows(a, b, out):
 
 @njit(**_JIT)
 def _dot_t_by_rows(a, b, out, part):
-    # out = a^T b, summed over a few rows of a and b at a time.  a: (K, n), b: (K, D),
-    # out, part: (n, D)
+    # out = a^T b, summed over a few rows of a and b at a time.  a: (K, M), b: (K, N),
+    # out, part: (M, N)
     piece = _key_piece(a.shape[1], b.shape[1])
     np.dot(a[:piece].T, b[:piece], out)
     for j0 in range(piece, a.shape[0], piece):
