@@ -42,7 +42,7 @@ from ..threads import blas_on_calling_thread
 _MIN_ROWS = 256  # fewer rows: the reference's one BLAS call
 # Chunks of about _CHUNK_ROWS rows or more, at least 2 and at most _MAX_CHUNKS (4 per thread on
 # 2 cores). Taller chunks make faster products: on 768 rows of width 128, 2 chunks of 384 were
-# 10-15% faster than 6 of 128 (OpenBLAS single-threaded: 190 GF/s at 128 rows, 245 at 384)
+# 10-15% faster than 6 of 128 (OpenBLAS single-threaded: 134 GF/s at 128 rows, 150 at 384)
 _CHUNK_ROWS = 384
 _MAX_CHUNKS = 8
 _JIT = dict(cache=True, nogil=True)
