@@ -116,7 +116,7 @@ class SDPAKernelCache(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------------
-# Helpers on a transposed block of scores, sT[j, r] = s[i0 + r, j]: loops run along r, the
+# Helpers on a transposed block of scores, s_t[j, r] = s[i0 + r, j]: loops run along r, the
 # block's queries, which sit side by side in memory, so the compiler turns them into SIMD code
 # and every query keeps its own running max and sum.
 # ---------------------------------------------------------------------------------------------
