@@ -36,6 +36,7 @@ from numba import njit, prange
 
 from .._checks import check_float, check_last_dim
 from ..functional import linear as reference
+from ..functional.activations import relu_backward, relu_forward
 from ..functional.linear import LinearCache
 from ..threads import blas_on_calling_thread
 
@@ -58,22 +59,24 @@ def _chunks(n: int) -> int:
 
 
 @njit(parallel=True, **_JIT)
-def _forward_kernel(x, w, b, has_bias, n_chunks, out):  # pragma: no cover - compiled
-    # (1) out = x w + b, chunk by chunk.  x: (N, C_in), w: (C_in, C_out), out: (N, C_out)
+def _forward_kernel(x, w, b, has_bias, relu, n_chunks, out):  # pragma: no cover - compiled
+    # (1) out = x w + b, chunk by chunk, then (2) out = max(out, 0) if relu.
+    # x: (N, C_in), w: (C_in, C_out), out: (N, C_out)
     n = x.shape[0]
     step = -(-n // n_chunks)
     for c in prange(n_chunks):
         lo, hi = c * step, min(n, (c + 1) * step)
         o = out[lo:hi]
         np.dot(x[lo:hi], w, o)  # (1) x w
-        if has_bias:
+        if has_bias or relu:
             for i in range(hi - lo):
                 for j in range(o.shape[1]):
-                    o[i, j] += b[j]  # (1) + b
+                    h = o[i, j] + b[j] if has_bias else o[i, j]  # (1) + b
+                    o[i, j] = h if (h > 0 or not relu) else 0.0 * h  # (2), NaN stays NaN
 
 
 @njit(parallel=True, **_JIT)
-def _backward_kernel(dout, x, w, has_bias, n_chunks, dx, dw_part, db_part):
+def _backward_kernel(dout, x, w, has_bias, relu_input, n_chunks, dx, dw_part, db_part):
     # pragma: no cover - compiled
     # dout: (N, C_out), x: (N, C_in), w: (C_in, C_out) -> dx: (N, C_in),
     # dw_part: (chunks, C_in, C_out), db_part: (chunks, C_out) float64
@@ -83,7 +86,13 @@ def _backward_kernel(dout, x, w, has_bias, n_chunks, dx, dw_part, db_part):
         lo, hi = c * step, min(n, (c + 1) * step)
         g = dout[lo:hi]
         # (1) out = x w + b   =>   dx = dout w^T,  dw = x^T dout,  db = sum_N dout
-        np.dot(g, w.T, dx[lo:hi])
+        d = dx[lo:hi]
+        np.dot(g, w.T, d)
+        if relu_input:  # x = max(h, 0)  =>  dh = dx [h > 0] = dx [x > 0]
+            xs = x[lo:hi]
+            for i in range(hi - lo):
+                for j in range(d.shape[1]):
+                    d[i, j] = d[i, j] if xs[i, j] > 0 else 0.0 * d[i, j]  # 0 * NaN stays NaN
         np.dot(x[lo:hi].T, g, dw_part[c])
         if has_bias:
             acc = db_part[c]
@@ -92,12 +101,19 @@ def _backward_kernel(dout, x, w, has_bias, n_chunks, dx, dw_part, db_part):
                     acc[j] += g[i, j]
 
 
-def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
-    """Affine map over the last axis; see ``functional.linear.linear_forward``."""
+def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *,
+                   relu: bool = False):
+    """Affine map over the last axis; see ``functional.linear.linear_forward``.
+
+    ``relu=True`` returns ``max(x @ w + b, 0)`` instead: a ReLU that follows the product (the
+    feed-forward network's) applied while each chunk of the output is still in cache. The
+    cache is the same ``LinearCache``.
+    """
     check_float("x", x)
     check_last_dim("x", x, w.shape[0])
     if _use_reference(x.size // w.shape[0]):
-        return reference.linear_forward(x, w, b)
+        out, cache = reference.linear_forward(x, w, b)
+        return (relu_forward(out)[0] if relu else out), cache
     x2 = np.ascontiguousarray(x).reshape(-1, w.shape[0])  # (N, C_in)
     has_bias = b is not None
     dtype = np.result_type(x, w, *((b,) if has_bias else ()))  # NumPy's promotion, as x @ w + b
@@ -105,26 +121,32 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
     out = np.empty((x2.shape[0], w.shape[1]), dtype=dtype)  # (N, C_out)
     bias = b.astype(dtype, copy=False) if has_bias else w[0]  # w[0]: an unused stand-in
     with blas_on_calling_thread():
-        _forward_kernel(x2, w, bias, has_bias, _chunks(x2.shape[0]), out)
+        _forward_kernel(x2, w, bias, has_bias, relu, _chunks(x2.shape[0]), out)
     return (out.reshape(x.shape[:-1] + (w.shape[1],)),
             LinearCache(x2.reshape(x.shape), w, has_bias))
 
 
-def linear_backward(dout: np.ndarray, cache: LinearCache):
-    """Returns ``(dx, dw, db)``; see ``functional.linear.linear_backward``."""
+def linear_backward(dout: np.ndarray, cache: LinearCache, *, relu_input: bool = False):
+    """Returns ``(dx, dw, db)``; see ``functional.linear.linear_backward``.
+
+    ``relu_input=True`` says the input ``x`` was a ReLU's output ``x = max(h, 0)``, and
+    returns ``dh = dx [x > 0]`` (equal to ``dx [h > 0]``) in place of ``dx``: the ReLU's
+    backward applied while each chunk of ``dx`` is still in cache.
+    """
     x, w, has_bias = cache
     c_in, c_out = w.shape
     x2 = x.reshape(-1, c_in)
     n = x2.shape[0]
     if _use_reference(n):
-        return reference.linear_backward(dout, cache)
+        dx, dw, db = reference.linear_backward(dout, cache)
+        return (relu_backward(dx, x) if relu_input else dx), dw, db
     dout2 = np.ascontiguousarray(dout, dtype=x.dtype).reshape(-1, c_out)  # (N, C_out)
     chunks = _chunks(n)
     dx = np.empty_like(x2)  # (N, C_in)
     dw_part = np.empty((chunks, c_in, c_out), dtype=x.dtype)
     db_part = np.zeros((chunks, c_out))
     with blas_on_calling_thread():
-        _backward_kernel(dout2, x2, w, has_bias, chunks, dx, dw_part, db_part)
+        _backward_kernel(dout2, x2, w, has_bias, relu_input, chunks, dx, dw_part, db_part)
     dx = dx.reshape(dout.shape[:-1] + (c_in,))
     db = db_part.sum(axis=0).astype(x.dtype) if has_bias else None
     return dx, dw_part.sum(axis=0), db

@@ -49,7 +49,7 @@ def _cross_entropy_forward_kernel(logits, targets, weight, probs, row_loss):
         z = 0.0  # (1) z = sum_j e_j, in float64
         for j in range(v):
             z += row[j]
-        inv_z = 1.0 / z
+        inv_z = logits.dtype.type(1.0 / z)  # in the logits' dtype: no conversions per entry
         for j in range(v):
             row[j] *= inv_z  # p = exp(x - m) / z
         # (1) logp[t] = x_t - m - log z   (2) loss_n = -w_n logp[t]

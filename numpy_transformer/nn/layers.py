@@ -14,6 +14,8 @@ choice is made once, in ``__init__``, and stored as the layer's ``forward``/``ba
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .._checks import check_positive
@@ -318,6 +320,15 @@ class Dropout(Module):
         return dropout_backward(dout, self.cache)
 
 
+def _applied_forward(a: np.ndarray):
+    """The activation pair of a FeedForward whose products apply it: the identity."""
+    return a, None
+
+
+def _applied_backward(da: np.ndarray, cache: None) -> np.ndarray:
+    return da
+
+
 class FeedForward(Module):
     """Position-wise feed-forward network, ``C -> F -> C``.
 
@@ -334,9 +345,10 @@ class FeedForward(Module):
     dtype : dtype, default float64
     rng : np.random.Generator, optional
     backend : {"numpy", "numba"}, default "numpy"
-        With ``"numba"``, the three linear maps run on every core (``kernels.linear``), ReLU and
-        exact GELU run the fused pairs of ``kernels.activations``; ``gelu_tanh`` and ``swiglu``
-        have no kernel and use the reference either way.
+        With ``"numba"``, the linear maps run on every core (``kernels.linear``); ReLU is
+        applied inside the two products' kernels, exact GELU runs the fused pair of
+        ``kernels.activations``; ``gelu_tanh`` and ``swiglu`` have no kernel and use the
+        reference either way.
 
     Notes
     -----
@@ -372,11 +384,20 @@ class FeedForward(Module):
             self.act_forward, self.act_backward = gelu_forward, gelu_backward
         elif activation == "gelu_tanh":
             self.act_forward, self.act_backward = gelu_tanh_forward, gelu_tanh_backward
-        if backend == "numba" and activation in ("relu", "gelu"):
+        if backend == "numba" and activation == "gelu":
             from ..kernels import activations as fast  # lazy: compiles on first import
 
-            self.act_forward = getattr(fast, activation + "_forward")
-            self.act_backward = getattr(fast, activation + "_backward")
+            self.act_forward, self.act_backward = fast.gelu_forward, fast.gelu_backward
+        if backend == "numba" and activation == "relu":
+            # The ReLU rides on the products' kernels, applied while each chunk is in cache:
+            # up's output comes out through it, and down's dx goes back through its derivative
+            # (down's input a = max(h, 0) is positive exactly where h is). (2) is then a no-op.
+            from ..kernels import linear as fast_linear  # lazy: compiles on first import
+
+            self.up.affine_forward = functools.partial(fast_linear.linear_forward, relu=True)
+            self.down.affine_backward = functools.partial(fast_linear.linear_backward,
+                                                          relu_input=True)
+            self.act_forward, self.act_backward = _applied_forward, _applied_backward
         self.cache = None  # the activation's cache
 
     def forward(self, x: np.ndarray) -> np.ndarray:
