@@ -73,6 +73,7 @@ def instrument(model) -> None:
             m.affine_forward = timed("linear", m.affine_forward)
             m.affine_backward = timed("linear", m.affine_backward)
         if isinstance(m, nn_attention.MultiHeadAttention):
+            m.heads_forward = timed("linear", m.heads_forward)  # the stacked q, k, v products
             m.sdpa_forward = timed("attention core", m.sdpa_forward)
             m.sdpa_backward = timed("attention core", m.sdpa_backward)
         if isinstance(m, layers.FeedForward) and hasattr(m, "act_forward"):

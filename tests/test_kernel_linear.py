@@ -213,3 +213,33 @@ def test_gradcheck_catches_a_fused_relu_that_lets_everything_through(monkeypatch
     monkeypatch.setattr(ffn.down, "affine_backward", fast.linear_backward)  # relu_input lost
     x = rng.standard_normal((2, 150, 6))
     assert not check_module(ffn, {"x": x}).ok(1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("batch, t", [(13, 100), (2, 7)])  # chunks that split sequences; few rows
+def test_heads_layout_matches_the_reference(dtype, bias, batch, t):
+    """The stacked q/k/v product by head, (S, B, H, T, D): the kernel's contiguous array holds
+    the reference's views, and the cache is the plain product's."""
+    groups, heads, d = 3, 4, 5
+    x, w, b, _ = _problem((batch, t, 16), groups * heads * d, dtype)
+    b = b if bias else None
+    y_r, cache_r = ref.linear_heads_forward(x, w, b, groups, heads)
+    y_f, cache_f = fast.linear_heads_forward(x, w, b, groups, heads)
+    flat = ref.linear_forward(x, w, b)[0]  # (B, T, S*H*D)
+    assert y_r.shape == y_f.shape == (groups, batch, heads, t, d) and y_f.dtype == dtype
+    np.testing.assert_array_equal(y_r[1, 0, 2, 3], flat[0, 3, (4 + 2) * d:(4 + 3) * d])
+    assert rel_err(y_f, y_r) <= TOL[dtype]
+    if batch * t >= fast._MIN_ROWS and numba.get_num_threads() >= 2:
+        assert y_f.flags.c_contiguous  # the kernel's layout, not a view
+    assert type(cache_f) is type(cache_r) and cache_f.has_bias == bias
+    np.testing.assert_array_equal(cache_f.x, cache_r.x)
+
+
+def test_heads_layout_rejects_bad_input():
+    x, w, b, _ = _problem((300, 6), 12, np.float64)
+    for impl in (ref, fast):
+        with pytest.raises(ValueError, match="dimensions"):
+            impl.linear_heads_forward(x, w, b, 3, 2)  # (N, C): not (B, T, C)
+        with pytest.raises(ValueError, match="last"):
+            impl.linear_heads_forward(x[None, :, :5], w, b, 3, 2)

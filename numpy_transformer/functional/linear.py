@@ -56,3 +56,32 @@ def linear_backward(dout: np.ndarray, cache: LinearCache):
     dw = x2.T @ dout2
     db = dout2.sum(axis=0) if has_bias else None
     return dx, dw, db
+
+
+def linear_heads_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, groups: int,
+                         heads: int):
+    """``linear_forward`` for the stacked projections of attention, split into heads.
+
+    The output columns are ``groups`` blocks (q, k, v side by side) of ``heads`` heads of
+    width D each; they come back as one (S, B, H, T, D) array, S = ``groups``, so that
+    ``y[0]`` is the (B, H, T, D) query heads. The cache is ``linear_forward``'s, and the
+    backward is ``linear_backward`` of the gradient laid out as (B, T, S*H*D).
+
+    Parameters
+    ----------
+    x : ndarray of shape (B, T, C_in)
+    w : ndarray of shape (C_in, S*H*D)
+    b : ndarray of shape (S*H*D,), optional
+    groups, heads : int
+        S and H.
+
+    Returns
+    -------
+    y : ndarray of shape (S, B, H, T, D)
+        Here a view of the (B, T, S*H*D) product; the kernel's version is C-contiguous.
+    cache : LinearCache
+    """
+    check_float("x", x, ndim=3)
+    out, cache = linear_forward(x, w, b)  # (1) (B, T, S*H*D)
+    bsz, t, c = out.shape
+    return out.reshape(bsz, t, groups, heads, c // (groups * heads)).transpose(2, 0, 3, 1, 4), cache

@@ -17,7 +17,7 @@ from ..functional import attention as numpy_attention
 from ..functional.linear import LinearCache
 from ..functional.masks import causal_mask
 from ..functional.positional import alibi_bias, rope_backward, rope_forward, rope_tables
-from .layers import linear_backend
+from .layers import linear_backend, linear_heads_backend
 from .module import Module
 
 BACKENDS = ("numpy", "numba")
@@ -121,6 +121,7 @@ class MultiHeadAttention(Module):
         self.backend, self.keep_weights = backend, keep_weights
         self.sdpa_forward, self.sdpa_backward = sdpa_backend(backend)
         self.affine_forward, self.affine_backward = linear_backend(backend)
+        self.heads_forward = linear_heads_backend(backend)
         if rope:
             if self.head_width % 2:
                 raise ValueError(f"rope needs an even head width, got width {width} / "
@@ -178,10 +179,10 @@ class MultiHeadAttention(Module):
         for names, source in zip(_groups(context is not None), sources, strict=True):
             w = np.concatenate([p["w" + n] for n in names], axis=1)  # (C, len(names) C)
             b = np.concatenate([p["b" + n] for n in names])
-            y, y_cache = self.affine_forward(source, w, b)  # (1) (B, T, len(names) C)
+            # (1) and (2): y[i] holds the heads of names[i], (B, H, T, D)
+            y, y_cache = self.heads_forward(source, w, b, len(names), self.heads)
             caches.append(y_cache)
-            for i, n in enumerate(names):  # (2) (B, H, T, D), views into y
-                heads[n] = split_heads(y[..., i * self.width:(i + 1) * self.width], self.heads)
+            heads.update(zip(names, y, strict=True))
         q, k, v = heads["q"], heads["k"], heads["v"]
         t_q, t_k = q.shape[2], k.shape[2]
         if self.rope:  # (3) self-attention: position p of q and of k is the same p

@@ -32,7 +32,7 @@ from ..functional.activations import (
     swiglu_forward,
 )
 from ..functional.embedding import embedding_backward, embedding_forward
-from ..functional.linear import linear_backward, linear_forward
+from ..functional.linear import linear_backward, linear_forward, linear_heads_forward
 from ..functional.norms import (
     layer_norm_backward,
     layer_norm_forward,
@@ -59,6 +59,16 @@ def linear_backend(backend: str):
 
         return fast.linear_forward, fast.linear_backward
     return linear_forward, linear_backward
+
+
+def linear_heads_backend(backend: str):
+    """``linear_heads_forward`` (attention's stacked projections, by head) of the backend."""
+    _check_backend(backend)
+    if backend == "numba":
+        from ..kernels import linear as fast  # lazy: compiles on first import
+
+        return fast.linear_heads_forward
+    return linear_heads_forward
 
 
 def _generator(rng: np.random.Generator | None) -> np.random.Generator:
