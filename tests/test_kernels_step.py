@@ -1,10 +1,11 @@
 """The Numba kernels of the training step against their NumPy references.
 
-Each kernel in ``kernels/norms.py``, ``kernels/softmax.py``, ``kernels/activations.py`` and
-``kernels/embedding.py`` has the contract of a readable function in ``functional/``. Here both
-run on the same inputs with a random upstream gradient, forward and backward, in float64
-(agreement to 1e-12 relative) and float32 (1e-5); then whole models built with
-``backend="numba"`` pass the finite-difference check and equal their ``backend="numpy"`` twins.
+Each kernel in ``kernels/norms.py``, ``kernels/softmax.py``, ``kernels/activations.py``,
+``kernels/embedding.py`` and ``kernels/residual.py`` has the contract of a readable function
+in ``functional/`` (the residual's: NumPy's in-place addition). Here both run on the same
+inputs with a random upstream gradient, forward and backward, in float64 (agreement to 1e-12
+relative) and float32 (1e-5); then whole models built with ``backend="numba"`` pass the
+finite-difference check and equal their ``backend="numpy"`` twins.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from numpy_transformer.gradcheck import check_module
 from numpy_transformer.kernels import activations as fast_act
 from numpy_transformer.kernels import embedding as fast_emb
 from numpy_transformer.kernels import norms as fast_norms
+from numpy_transformer.kernels import residual as fast_residual
 from numpy_transformer.kernels import softmax as fast_softmax
 from numpy_transformer.nn import DecoderLM, EncoderClassifier, TransformerConfig
+from numpy_transformer.nn.blocks import residual_backend
 from numpy_transformer.train import Batch, Trainer
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5}
@@ -44,6 +47,22 @@ def assert_close(name, fast, ref, dtype):
     assert np.asarray(fast).dtype == np.asarray(ref).dtype, f"{name}: dtype"
     err = rel_err(fast, ref)
     assert err <= TOL[dtype], f"{name}: relative error {err:.3g} > {TOL[dtype]}"
+
+
+# ------------------------------------------------------------------------------- residual
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("contiguous", [True, False])  # False: NumPy's addition takes over
+def test_residual_add_into_matches_numpy(dtype, contiguous):
+    rng = np.random.default_rng(0)
+    x, sub = (rng.standard_normal((3, 130, 16)).astype(dtype) for _ in range(2))
+    if not contiguous:
+        x = np.asfortranarray(x)
+    want = x + sub
+    got = fast_residual.add_into(x, sub)
+    assert got is sub  # in place
+    np.testing.assert_array_equal(got, want)  # one rounding per entry, as NumPy's
+    sub2 = rng.standard_normal(x.shape).astype(dtype)
+    assert residual_backend("numpy")(x, sub2.copy()).tolist() == (x + sub2).tolist()
 
 
 # ------------------------------------------------------------------------------- norms
