@@ -36,9 +36,9 @@ from numba import njit, prange
 
 from .._checks import check_float, check_last_dim
 from ..functional import linear as reference
-from ..functional.activations import relu_backward, relu_forward
 from ..functional.linear import LinearCache
 from ..threads import blas_on_calling_thread
+from .activations import relu_backward, relu_forward  # the fused pair, for the reference path
 
 _MIN_ROWS = 256  # fewer rows: the reference's one BLAS call
 # Chunks of about _CHUNK_ROWS rows or more, at least 2 and at most _MAX_CHUNKS (4 per thread on
