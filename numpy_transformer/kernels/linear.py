@@ -5,8 +5,14 @@ checks this one against it, float32 and float64):
 
 * ``out, cache = linear_forward(x, w, b=None)``
 * ``dx, dw, db = linear_backward(dout, cache)``
+* ``y, cache = linear_heads_forward(x, w, b, groups, heads)``: attention's stacked q/k/v
+  product, returned by head as (S, B, H, T, D)
 
-with the very same ``LinearCache``.
+with the very same ``LinearCache``. Two extras work on each chunk while it is in cache, so
+that the pass over memory they replace is not made at all: ``relu=True`` applies the FFN's
+ReLU to the output (``linear_forward``) and ``relu_input=True`` takes the gradient back
+through it (``linear_backward`` of the product that reads the ReLU's output), and the heads
+variant writes its output head by head.
 
 Why a kernel pays: the matrix products of the linear layers are most of a training step, and
 NumPy hands each one to its BLAS, which can use several cores only with its own thread pool.

@@ -96,6 +96,8 @@ class MultiHeadAttention(Module):
         computed as one product per source with the weights side by side: x [wq | wk | wv]
         (C, 3C) in self-attention, x wq and context [wk | wv] in cross-attention
     (2) split into heads                                           (B, H, T, D)
+        (1) and (2) are one call, ``linear_heads_forward``: views of the product in NumPy,
+        a product written head by head in the numba kernel
     (3) q, k = rope(q), rope(k)                                    (if rope)
     (4) o = softmax(q k^T / sqrt(D) + alibi, masked) v             (B, H, T_q, D)
     (5) merge heads                                                (B, T_q, C)
