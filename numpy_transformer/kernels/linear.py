@@ -78,7 +78,9 @@ def _forward_kernel(x, w, b, has_bias, relu, n_chunks, out):  # pragma: no cover
             for i in range(hi - lo):
                 for j in range(o.shape[1]):
                     h = o[i, j] + b[j] if has_bias else o[i, j]  # (1) + b
-                    o[i, j] = h if (h > 0 or not relu) else 0.0 * h  # (2), NaN stays NaN
+                    if relu and h <= 0:  # (2) max(h, 0): a NaN fails the test, stays NaN
+                        h = 0.0
+                    o[i, j] = h
 
 
 @njit(parallel=True, **_JIT)
