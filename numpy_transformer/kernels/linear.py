@@ -132,6 +132,16 @@ def _backward_kernel(dout, x, w, has_bias, relu_input, n_chunks, dx, dw_part, db
                     acc[j] += g[i, j]
 
 
+def _operands(x: np.ndarray, w: np.ndarray, b: np.ndarray | None):
+    """``(x2, w, bias, has_bias)`` for the forward kernels: x as C-contiguous (N, C_in), all in
+    NumPy's promoted dtype of ``x @ w + b``; without a bias, ``w[0]`` is an unused stand-in."""
+    has_bias = b is not None
+    dtype = np.result_type(x, w, *((b,) if has_bias else ()))
+    x2 = np.ascontiguousarray(x).reshape(-1, w.shape[0]).astype(dtype, copy=False)
+    w = w.astype(dtype, copy=False)
+    return x2, w, (b.astype(dtype, copy=False) if has_bias else w[0]), has_bias
+
+
 def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *,
                    relu: bool = False):
     """Affine map over the last axis; see ``functional.linear.linear_forward``.
@@ -145,12 +155,8 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *,
     if _use_reference(x.size // w.shape[0]):
         out, cache = reference.linear_forward(x, w, b)
         return (relu_forward(out)[0] if relu else out), cache
-    x2 = np.ascontiguousarray(x).reshape(-1, w.shape[0])  # (N, C_in)
-    has_bias = b is not None
-    dtype = np.result_type(x, w, *((b,) if has_bias else ()))  # NumPy's promotion, as x @ w + b
-    x2, w = x2.astype(dtype, copy=False), w.astype(dtype, copy=False)
-    out = np.empty((x2.shape[0], w.shape[1]), dtype=dtype)  # (N, C_out)
-    bias = b.astype(dtype, copy=False) if has_bias else w[0]  # w[0]: an unused stand-in
+    x2, w, bias, has_bias = _operands(x, w, b)  # x2: (N, C_in)
+    out = np.empty((x2.shape[0], w.shape[1]), dtype=w.dtype)  # (N, C_out)
     with blas_on_calling_thread():
         _forward_kernel(x2, w, bias, has_bias, relu, _chunks(x2.shape[0]), out)
     return (out.reshape(x.shape[:-1] + (w.shape[1],)),
@@ -197,13 +203,9 @@ def linear_heads_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, gro
     check_last_dim("x", x, w.shape[0])
     if _use_reference(x.size // w.shape[0]):
         return reference.linear_heads_forward(x, w, b, groups, heads)
-    bsz, t, c_in = x.shape
-    x2 = np.ascontiguousarray(x).reshape(-1, c_in)  # (N, C_in)
-    has_bias = b is not None
-    dtype = np.result_type(x, w, *((b,) if has_bias else ()))
-    x2, w = x2.astype(dtype, copy=False), w.astype(dtype, copy=False)
-    out = np.empty((groups, bsz, heads, t, w.shape[1] // (groups * heads)), dtype=dtype)
-    bias = b.astype(dtype, copy=False) if has_bias else w[0]  # w[0]: an unused stand-in
+    bsz, t, _ = x.shape
+    x2, w, bias, has_bias = _operands(x, w, b)  # x2: (N, C_in)
+    out = np.empty((groups, bsz, heads, t, w.shape[1] // (groups * heads)), dtype=w.dtype)
     with blas_on_calling_thread():
         _forward_heads_kernel(x2, w, bias, has_bias, _chunks(x2.shape[0]),
                               numba.get_num_threads(), out)
