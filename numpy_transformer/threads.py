@@ -13,7 +13,8 @@ a training step of the chapter's model took 242 ms with both pools on 2 threads 
   run time, without the environment variable that only works before NumPy is imported. The
   command line runs BLAS on one thread; library users on the numba backend should too.
 * :func:`blas_on_calling_thread` is what the kernels use around their calls: the BLAS behind
-  Numba's ``np.dot`` (SciPy's) runs each call on the thread that makes it.
+  Numba's ``np.dot`` (SciPy's) and NumPy's, which the linear kernels call, run each call on
+  the thread that makes it.
 """
 
 from __future__ import annotations
@@ -65,46 +66,69 @@ def set_blas_threads(n: int) -> int:
     return count
 
 
-def _openblas_thread_functions():
-    """``(get, set)`` for the thread count of the BLAS behind Numba's ``np.dot``, or ``None``.
+def numpy_extension_path() -> str:
+    """Path of NumPy's core extension module, which links NumPy's BLAS."""
+    import numpy as np
 
-    Numba's ``np.dot`` calls the BLAS of ``scipy.linalg.cython_blas``; SciPy's wheels ship an
-    OpenBLAS that runs each call on its own pool of threads. Called from both of our parallel
-    loop's threads at once, those calls queue for the one pool: on 2 cores the kernel was then
-    slower on 2 threads than on 1 (and, with PyTorch loaded, OpenBLAS printed "Detect OpenMP
-    Loop" warnings). So during a kernel call OpenBLAS runs each call on the calling thread.
-    Symbols are looked up through the extension module, whose dependencies include the BLAS
-    library (``dlsym`` semantics). Other BLAS builds: ``None``, and nothing is changed.
-    """
+    core = getattr(np, "_core", None) or np.core  # NumPy 2 / NumPy 1
+    return core._multiarray_umath.__file__
+
+
+def _thread_functions(path: str, names: tuple[tuple[str, str], ...]):
+    """``(get, set)`` of the first (getter, setter) symbol pair found through the shared
+    library or extension module at ``path`` (``dlsym`` semantics: its dependencies too)."""
     try:
-        import scipy.linalg.cython_blas as cython_blas
-
-        lib = ctypes.CDLL(cython_blas.__file__)
-    except (ImportError, OSError):
+        lib = ctypes.CDLL(path)
+    except OSError:
         return None
-    for prefix in ("scipy_openblas", "openblas"):
-        get = getattr(lib, prefix + "_get_num_threads", None)
-        set_ = getattr(lib, prefix + "_set_num_threads", None)
+    for get_name, set_name in names:
+        get, set_ = getattr(lib, get_name, None), getattr(lib, set_name, None)
         if get is not None and set_ is not None:
             get.restype, set_.argtypes = ctypes.c_int, [ctypes.c_int]
             return get, set_
     return None
 
 
+def _openblas_thread_functions() -> tuple:
+    """``(get, set)`` pairs for the thread counts of the BLAS libraries the kernels call.
+
+    * SciPy's, behind Numba's ``np.dot`` (the attention kernel's products): Numba calls the
+      BLAS of ``scipy.linalg.cython_blas``.
+    * NumPy's, which ``kernels/blas.py`` calls for the linear kernels' products.
+
+    The wheels of both ship OpenBLAS, which runs each call on its own pool of threads. Called
+    from both of our parallel loop's threads at once, those calls queue for the one pool: on 2
+    cores the kernel was then slower on 2 threads than on 1 (and, with PyTorch loaded,
+    OpenBLAS printed "Detect OpenMP Loop" warnings). So during a kernel call OpenBLAS runs
+    each call on the calling thread. Other BLAS builds have no such symbols: nothing changes.
+    """
+    pairs = []
+    try:
+        import scipy.linalg.cython_blas as cython_blas
+
+        pairs.append(_thread_functions(cython_blas.__file__, (
+            ("scipy_openblas_get_num_threads", "scipy_openblas_set_num_threads"),
+            ("openblas_get_num_threads", "openblas_set_num_threads"))))
+    except ImportError:
+        pass
+    pairs.append(_thread_functions(numpy_extension_path(), (
+        ("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
+        ("openblas_get_num_threads64_", "openblas_set_num_threads64_"))))
+    return tuple(p for p in pairs if p is not None)
+
+
 @contextlib.contextmanager
 def blas_on_calling_thread():
     """Within the block, every BLAS call of the Numba kernels runs on the thread that makes it."""
-    fns = _BLAS_THREADS()
-    if fns is None:
-        yield
-        return
-    get, set_ = fns
-    before = get()
-    set_(1)
+    pairs = _BLAS_THREADS()
+    before = [get() for get, _ in pairs]
+    for _, set_ in pairs:
+        set_(1)
     try:
         yield
     finally:
-        set_(before)
+        for (_, set_), n in zip(pairs, before, strict=True):
+            set_(n)
 
 
 _BLAS_THREADS = functools.cache(_openblas_thread_functions)

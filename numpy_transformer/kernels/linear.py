@@ -19,7 +19,9 @@ NumPy hands each one to its BLAS, which can use several cores only with its own 
 The attention and norm kernels use Numba's pool; two pools spinning on two cores took turns
 stalling each other (a step 2-4x slower, ``benchmarks/README.md``), so the BLAS runs on one
 thread and a product of a (6400, 84) matrix ran on one core. Here the rows are cut into
-chunks that Numba's threads multiply side by side, each chunk one single-threaded BLAS call:
+chunks that Numba's threads multiply side by side, each chunk one single-threaded BLAS call
+(NumPy's BLAS, through ``kernels/blas.py``: its weight-gradient product is 15-20% faster than
+that of SciPy's, which Numba's ``np.dot`` calls):
 
     out[rows] = x[rows] w + b                       (1), one chunk per work item
     dx[rows]  = dout[rows] w^T                      (1) backward, same chunks
@@ -45,6 +47,7 @@ from ..functional import linear as reference
 from ..functional.linear import LinearCache
 from ..threads import blas_on_calling_thread
 from .activations import relu_backward, relu_forward  # the fused pair, for the reference path
+from .blas import gemm, gemm_address
 
 _MIN_ROWS = 256  # fewer rows: the reference's one BLAS call
 # Chunks of about _CHUNK_ROWS rows or more, at least 2 and at most _MAX_CHUNKS (4 per thread on
@@ -65,7 +68,8 @@ def _chunks(n: int) -> int:
 
 
 @njit(parallel=True, **_JIT)
-def _forward_kernel(x, w, b, has_bias, relu, n_chunks, out):  # pragma: no cover - compiled
+def _forward_kernel(x, w, b, has_bias, relu, n_chunks, gemm_fn, out):
+    # pragma: no cover - compiled
     # (1) out = x w + b, chunk by chunk, then (2) out = max(out, 0) if relu.
     # x: (N, C_in), w: (C_in, C_out), out: (N, C_out)
     n = x.shape[0]
@@ -73,7 +77,7 @@ def _forward_kernel(x, w, b, has_bias, relu, n_chunks, out):  # pragma: no cover
     for c in prange(n_chunks):
         lo, hi = c * step, min(n, (c + 1) * step)
         o = out[lo:hi]
-        np.dot(x[lo:hi], w, o)  # (1) x w
+        gemm(x[lo:hi], w, o, gemm_fn)  # (1) x w
         if has_bias or relu:
             for i in range(hi - lo):
                 for j in range(o.shape[1]):
@@ -84,7 +88,7 @@ def _forward_kernel(x, w, b, has_bias, relu, n_chunks, out):  # pragma: no cover
 
 
 @njit(parallel=True, **_JIT)
-def _forward_heads_kernel(x, w, b, has_bias, n_chunks, n_threads, out):
+def _forward_heads_kernel(x, w, b, has_bias, n_chunks, n_threads, gemm_fn, out):
     # pragma: no cover - compiled
     # (1) y = x w + b chunk by chunk into per-thread scratch, then each chunk's columns laid
     # out by head: out[s, b, h, t] = y[b T + t, (s H + h) D : (s H + h + 1) D].
@@ -96,7 +100,7 @@ def _forward_heads_kernel(x, w, b, has_bias, n_chunks, n_threads, out):
     for c in prange(n_chunks):
         lo, hi = c * step, min(n, (c + 1) * step)
         y = scratch[numba.get_thread_id(), :(hi - lo) * width].reshape((hi - lo, width))
-        np.dot(x[lo:hi], w, y)  # (1) x w
+        gemm(x[lo:hi], w, y, gemm_fn)  # (1) x w
         for s in range(groups):
             for h in range(heads):
                 col = (s * heads + h) * d
@@ -107,7 +111,8 @@ def _forward_heads_kernel(x, w, b, has_bias, n_chunks, n_threads, out):
 
 
 @njit(parallel=True, **_JIT)
-def _backward_kernel(dout, x, w, has_bias, relu_input, n_chunks, dx, dw_part, db_part):
+def _backward_kernel(dout, x, w, has_bias, relu_input, n_chunks, gemm_fn, dx, dw_part,
+                     db_part):
     # pragma: no cover - compiled
     # dout: (N, C_out), x: (N, C_in), w: (C_in, C_out) -> dx: (N, C_in),
     # dw_part: (chunks, C_in, C_out), db_part: (chunks, C_out) float64
@@ -118,13 +123,13 @@ def _backward_kernel(dout, x, w, has_bias, relu_input, n_chunks, dx, dw_part, db
         g = dout[lo:hi]
         # (1) out = x w + b   =>   dx = dout w^T,  dw = x^T dout,  db = sum_N dout
         d = dx[lo:hi]
-        np.dot(g, w.T, d)
+        gemm(g, w.T, d, gemm_fn)
         if relu_input:  # x = max(h, 0)  =>  dh = dx [h > 0] = dx [x > 0]
             xs = x[lo:hi]
             for i in range(hi - lo):
                 for j in range(d.shape[1]):
                     d[i, j] = d[i, j] if xs[i, j] > 0 else 0.0 * d[i, j]  # 0 * NaN stays NaN
-        np.dot(x[lo:hi].T, g, dw_part[c])
+        gemm(x[lo:hi].T, g, dw_part[c], gemm_fn)
         if has_bias:
             acc = db_part[c]
             for i in range(hi - lo):
@@ -158,7 +163,8 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *,
     x2, w, bias, has_bias = _operands(x, w, b)  # x2: (N, C_in)
     out = np.empty((x2.shape[0], w.shape[1]), dtype=w.dtype)  # (N, C_out)
     with blas_on_calling_thread():
-        _forward_kernel(x2, w, bias, has_bias, relu, _chunks(x2.shape[0]), out)
+        _forward_kernel(x2, w, bias, has_bias, relu, _chunks(x2.shape[0]),
+                        gemm_address(w.dtype), out)
     return (out.reshape(x.shape[:-1] + (w.shape[1],)),
             LinearCache(x2.reshape(x.shape), w, has_bias))
 
@@ -183,7 +189,8 @@ def linear_backward(dout: np.ndarray, cache: LinearCache, *, relu_input: bool = 
     dw_part = np.empty((chunks, c_in, c_out), dtype=x.dtype)
     db_part = np.zeros((chunks, c_out))
     with blas_on_calling_thread():
-        _backward_kernel(dout2, x2, w, has_bias, relu_input, chunks, dx, dw_part, db_part)
+        _backward_kernel(dout2, x2, w, has_bias, relu_input, chunks, gemm_address(x.dtype),
+                         dx, dw_part, db_part)
     dx = dx.reshape(dout.shape[:-1] + (c_in,))
     db = db_part.sum(axis=0).astype(x.dtype) if has_bias else None
     return dx, dw_part.sum(axis=0), db
@@ -208,5 +215,5 @@ def linear_heads_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, gro
     out = np.empty((groups, bsz, heads, t, w.shape[1] // (groups * heads)), dtype=w.dtype)
     with blas_on_calling_thread():
         _forward_heads_kernel(x2, w, bias, has_bias, _chunks(x2.shape[0]),
-                              numba.get_num_threads(), out)
+                              numba.get_num_threads(), gemm_address(w.dtype), out)
     return out, LinearCache(x2.reshape(x.shape), w, has_bias)

@@ -1,0 +1,118 @@
+"""``kernels/blas.py``: products through NumPy's BLAS inside Numba kernels, and the thread
+setting that keeps each BLAS call on its calling thread (``threads.blas_on_calling_thread``).
+
+``gemm`` is compared with NumPy's matmul for every operand layout the kernels pass (a
+C-contiguous array, a row slice of one, the transpose of either), in float32 and float64, by
+NumPy's BLAS and by the ``np.dot`` fallback. Shapes are non-square, so that a swapped
+transposition flag or leading dimension changes the result or fails.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from numpy_transformer import threads
+from numpy_transformer.kernels import linear as fast_linear
+from numpy_transformer.kernels.blas import gemm, gemm_address
+
+TOL = {np.float64: 1e-12, np.float32: 1e-5}
+
+
+def _numpy_has_ilp64_openblas() -> bool:
+    """Whether NumPy says it was built on an OpenBLAS with 64-bit integers (its wheels are)."""
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    return "openblas" in blas.get("name", "") and "64BITINT" in blas.get(
+        "openblas configuration", "")
+
+
+def _operand(rng, shape, dtype, layout):
+    """A (rows, cols) operand laid out as: "C", "T" (transpose of a C array), "rows" (a row
+    slice of a wider C array: leading dimension > cols), "T-rows" (transpose of such a slice)."""
+    rows, cols = shape
+    if layout == "C":
+        return rng.standard_normal(shape).astype(dtype)
+    if layout == "T":
+        return rng.standard_normal((cols, rows)).astype(dtype).T
+    if layout == "rows":
+        return rng.standard_normal((rows + 5, cols + 3)).astype(dtype)[2:2 + rows, 1:1 + cols]
+    return rng.standard_normal((cols + 5, rows + 3)).astype(dtype)[2:2 + cols, 1:1 + rows].T
+
+
+# NumPy's BLAS takes every layout; the np.dot fallback only whole contiguous arrays (the
+# kernels pass it no others)
+_LAYOUTS = ["C", "T", "rows", "T-rows"]
+_CASES = [(a, b, True) for a in _LAYOUTS for b in _LAYOUTS] + [
+    (a, b, False) for a in ("C", "T") for b in ("C", "T")]
+
+
+# compiling the fallback branch for strided rows warns that np.dot would prefer contiguous ones
+@pytest.mark.filterwarnings("ignore::numba.NumbaPerformanceWarning")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("a_layout, b_layout, numpys_blas", _CASES)
+def test_gemm_matches_matmul(dtype, a_layout, b_layout, numpys_blas):
+    rng = np.random.default_rng(0)
+    a = _operand(rng, (37, 11), dtype, a_layout)
+    b = _operand(rng, (11, 23), dtype, b_layout)
+    fn = gemm_address(dtype) if numpys_blas else 0
+    out = np.full((37, 23), np.nan, dtype=dtype)
+    gemm(a, b, out, fn)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.abs(out - want).max() <= TOL[dtype] * np.abs(want).max()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gemm_writes_a_row_slice_of_its_output_only(dtype):
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((9, 4)).astype(dtype), rng.standard_normal((4, 6)).astype(dtype)
+    out = np.full((20, 6), 7.0, dtype=dtype)
+    gemm(a, b, out[5:14], gemm_address(dtype))
+    assert np.abs(out[5:14] - a @ b).max() <= TOL[dtype] * np.abs(a @ b).max()
+    assert (out[:5] == 7.0).all() and (out[14:] == 7.0).all()
+
+
+def test_numpys_blas_is_found_on_the_wheels():
+    if _numpy_has_ilp64_openblas():
+        assert gemm_address(np.float32) != 0 and gemm_address(np.float64) != 0
+    assert gemm_address(np.int64) == 0  # no integer gemm: the kernels would fall back
+
+
+def test_gemm_rejects_bad_operands():
+    fn = gemm_address(np.float64)
+    a, b = np.ones((4, 3)), np.ones((3, 5))
+    with pytest.raises(ValueError, match="shapes"):
+        gemm(a, b, np.empty((4, 4)), fn)
+    with pytest.raises(ValueError, match="contiguous"):  # strided both ways
+        gemm(np.ones((8, 6))[::2, ::2], b, np.empty((4, 5)), fn)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_linear_kernel_without_numpys_blas_gives_the_same_result(dtype, monkeypatch):
+    # the fallback (np.dot, SciPy's BLAS) against the default path: same products
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 300, 12)).astype(dtype)
+    w, b = rng.standard_normal((12, 7)).astype(dtype), rng.standard_normal(7).astype(dtype)
+    g = rng.standard_normal((3, 300, 7)).astype(dtype)
+    out, cache = fast_linear.linear_forward(x, w, b)
+    grads = fast_linear.linear_backward(g, cache)
+    monkeypatch.setattr(fast_linear, "gemm_address", lambda dtype: 0)
+    out0, cache0 = fast_linear.linear_forward(x, w, b)
+    grads0 = fast_linear.linear_backward(g, cache0)
+    for got, want in zip((out0, *grads0), (out, *grads), strict=True):
+        assert np.abs(got - want).max() <= TOL[dtype] * np.abs(want).max()
+
+
+def test_blas_runs_on_the_calling_thread_inside_the_block_only():
+    pairs = threads._BLAS_THREADS()
+    if _numpy_has_ilp64_openblas():
+        assert len(pairs) == 2  # SciPy's (Numba's np.dot) and NumPy's
+    before = [get() for get, _ in pairs]
+    try:
+        for _, set_ in pairs:
+            set_(2)
+        with threads.blas_on_calling_thread():
+            assert [get() for get, _ in pairs] == [1] * len(pairs)
+        assert [get() for get, _ in pairs] == [2] * len(pairs)
+    finally:
+        for (_, set_), n in zip(pairs, before, strict=True):
+            set_(n)
