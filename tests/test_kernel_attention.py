@@ -245,6 +245,43 @@ def test_vectorised_exp_matches_numpy(dtype):
     assert (np.abs(got[:-1] - want[:-1]) <= 4 * ulp * want[:-1]).all()
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_vectorised_exp_gives_nan_for_nan(dtype):
+    """NaN in, NaN out, as np.exp: a NaN score must not count as a weight of 0."""
+    x = np.array([-1.0, np.nan, -np.inf, -1e4], dtype=dtype)
+    special._exp_shifted_f64(x, 4, 0.0) if dtype == np.float64 \
+        else special._exp_shifted_f32(x, 4, 0.0)
+    assert np.isnan(x[1]) and x[2] == 0.0 and x[3] == 0.0 and np.isfinite(x[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("kind", ["none", "causal"])
+def test_nan_spreads_as_in_the_reference(kind, dtype):
+    """A NaN in a key and in a value: every output that attends to them is NaN, and nothing
+    is NaN where the reference is finite. Without a mask the two NaN patterns are equal.
+    Under a causal mask the reference also spreads the value's NaN to the queries before it
+    (its product multiplies the masked weights, 0, by NaN), and the kernel to those of its
+    query blocks that reach that key, so there only the inclusion is checked."""
+    rng = np.random.default_rng(5)
+    q, k, v, g = (rng.standard_normal((B, H, T, D)).astype(dtype) for _ in range(4))
+    k[1, 2, 40, 3] = np.nan
+    v[0, 1, 150, 0] = np.nan
+    mask = causal_mask(T) if kind == "causal" else None
+    with np.errstate(invalid="ignore"):
+        out_r, cache_r = ref.sdpa_forward(q, k, v, mask=mask)
+        grads_r = ref.sdpa_backward(g, cache_r)
+    out_k, cache_k = ker.sdpa_forward(q, k, v, mask=mask)
+    grads_k = ker.sdpa_backward(g, cache_k)
+    k_first, v_first = (0, 0) if kind == "none" else (40, 150)  # first queries to see them
+    assert np.isnan(out_k[1, 2, k_first:]).all()
+    assert np.isnan(out_k[0, 1, v_first:, 0]).all()
+    for got, want in zip((out_k, *grads_k), (out_r, *grads_r), strict=True):
+        if kind == "none":
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        else:
+            assert not (np.isnan(got) & ~np.isnan(want)).any()
+
+
 @pytest.mark.parametrize("module", [ref, ker], ids=["reference", "kernel"])
 def test_backward_writes_into_given_views(module):
     """``out=``: gradients land in the caller's strided views (one stacked buffer), equal to

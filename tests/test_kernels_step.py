@@ -166,6 +166,23 @@ def test_cross_entropy_kernel_raises_as_the_reference():
                 module.cross_entropy_forward(logits, targets, mask=mask)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cross_entropy_kernel_gives_nan_for_a_nan_logit(dtype):
+    # a NaN anywhere in a row, not only at the target, makes the loss and that row's
+    # gradient NaN, as in the reference (the kernel once counted it as a probability of 0)
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((4, 9)).astype(dtype)
+    logits[1, 5] = np.nan
+    targets = np.array([0, 1, 2, 3])
+    with np.errstate(invalid="ignore"):
+        loss_r, cache_r = ref_softmax.cross_entropy_forward(logits, targets)
+        dlogits_r = ref_softmax.cross_entropy_backward(1.0, cache_r)
+    loss, cache = fast_softmax.cross_entropy_forward(logits, targets)
+    assert math.isnan(loss) and math.isnan(loss_r)
+    np.testing.assert_array_equal(np.isnan(fast_softmax.cross_entropy_backward(1.0, cache)),
+                                  np.isnan(dlogits_r))
+
+
 def test_cross_entropy_kernel_is_stable_for_huge_logits():
     logits = np.array([[1e4, 0.0, -1e4], [-1e4, -1e4, -1e4]])
     loss, cache = fast_softmax.cross_entropy_forward(logits, np.array([0, 2]))

@@ -51,7 +51,8 @@ def exp_shifted(x, n, shift):
 
 
 def exp_clamped(y):
-    """``exp(y)`` of one number ``y <= 0``, exactly 0 at or below the floor (and for -inf).
+    """``exp(y)`` of one number ``y <= 0``, exactly 0 at or below the floor (and for -inf),
+    NaN for NaN.
 
     The floor is -708 in float64 and -87 in float32, where exp nears the smallest normal
     number. NumPy reference: ``np.exp(y)``. In compiled code the name resolves to
@@ -78,7 +79,9 @@ def exp_clamped(y):
 #   the rounding).
 # Arguments at or below -708 (float64) or -87 (float32), where exp(y) nears the smallest
 # normal number, give 0, as do masked scores (-inf); such weights are below 1e-37 of the row's
-# largest.
+# largest. A NaN argument gives NaN, as np.exp does: the test is written so that NaN fails it
+# (a NaN logit or score then spreads through the row as it does in the NumPy reference, instead
+# of being counted as a weight of 0).
 
 def _bit_cast(typingctx, x, pairs):
     """(signature, codegen) of a bit cast from x's Numba type to its partner in ``pairs``."""
@@ -117,7 +120,7 @@ def _exp_f64(y):  # pragma: no cover - compiled
             1 / 3628800 + r * (1 / 39916800 + r * (1 / 479001600 + r * (
                 1 / 6227020800)))))))))))))  # exp(r)
     two_t = _bits_as_float((_float_as_bits(kf) + 1023) << 52)  # 2^t
-    return e_r * two_t if y > -708.0 else 0.0
+    return 0.0 if y <= -708.0 else e_r * two_t  # a NaN y fails the test: NaN out
 
 
 @njit(**_JIT)
@@ -133,7 +136,7 @@ def _exp_f32(y):  # pragma: no cover - compiled
             f32(0.008375126398416406) + r * f32(0.0013941108469347112))))))  # exp(r)
     # int32 + int gives int64 in Numba: the cast back keeps the low 32 bits, the pattern
     two_t = _bits_as_float(np.int32((_float_as_bits(kf) + 127) << 23))  # 2^t
-    return e_r * two_t if y > f32(-87.0) else f32(0.0)
+    return f32(0.0) if y <= f32(-87.0) else e_r * two_t  # NaN in, NaN out
 
 
 @overload(exp_clamped, jit_options=_JIT)
