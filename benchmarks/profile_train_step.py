@@ -7,11 +7,12 @@ Usage (from the repository root)::
     python benchmarks/profile_train_step.py --cprofile       # also the top of cProfile
 
 Every forward/backward of the step's pieces is wrapped in a timer (``time.perf_counter``):
-the linear layers (all of them: attention projections, FFN, head), the attention core, the
-head split/merge copies, the norms, the activation, the embedding and positions, the loss,
-clipping and Adam. "rest" is the step's time minus all of these: residual additions, zeroing
-the gradients, Python. The wrappers add a few microseconds per call. Both backends are timed
-in this one process, alternating step by step, so a change in load hits both alike.
+the linear layers (all of them: attention projections, FFN, head; with the numba backend a
+ReLU FFN is one kernel, counted here whole), the attention core, the head split/merge copies,
+the norms, the activation, the embedding and positions, the loss, clipping and Adam. "rest" is
+the step's time minus all of these: residual additions, zeroing the gradients, Python. The
+wrappers add a few microseconds per call. Both backends are timed in this one process,
+alternating step by step, so a change in load hits both alike.
 """
 
 from __future__ import annotations
@@ -76,7 +77,10 @@ def instrument(model) -> None:
             m.heads_forward = timed("linear", m.heads_forward)  # the stacked q, k, v products
             m.sdpa_forward = timed("attention core", m.sdpa_forward)
             m.sdpa_backward = timed("attention core", m.sdpa_backward)
-        if isinstance(m, layers.FeedForward) and hasattr(m, "act_forward"):
+        if isinstance(m, layers.FeedForward) and m.fused_forward is not None:
+            m.fused_forward = timed("linear", m.fused_forward)  # both products and the ReLU
+            m.fused_backward = timed("linear", m.fused_backward)
+        elif isinstance(m, layers.FeedForward) and hasattr(m, "act_forward"):
             m.act_forward = timed("activation", m.act_forward)
             m.act_backward = timed("activation", m.act_backward)
 

@@ -15,10 +15,9 @@ import pytest
 from _nn_helpers import assert_gradcheck
 
 from numpy_transformer.functional import linear as ref
-from numpy_transformer.functional.activations import relu_backward, relu_forward
 from numpy_transformer.gradcheck import check_module
 from numpy_transformer.kernels import linear as fast
-from numpy_transformer.nn import FeedForward, Linear, MultiHeadAttention
+from numpy_transformer.nn import Linear, MultiHeadAttention
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5}
 multi_thread = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
@@ -158,61 +157,6 @@ def test_attention_projections_on_the_kernel_equal_the_reference(cross):
             assert np.abs(got - want).max() <= 1e-12
         else:
             assert rel_err(got, want) <= 1e-12, name
-
-
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("rows", [21, 1301])  # the reference's path, and the kernel's chunks
-def test_fused_relu_matches_the_reference_pair(dtype, rows):
-    """``relu=True`` = ReLU after the product; ``relu_input=True`` = back through the ReLU.
-
-    The ReLU cuts about half the entries to exact zeros, and those must be the same entries
-    as the reference pair's, forward and backward. A NaN in x stays NaN, as in the reference.
-    """
-    x, w, b, _ = _problem((rows, 6), 9, dtype)
-    w2, g = _problem((rows, 9), 5, dtype, seed=1)[1], _problem((rows, 5), 5, dtype, seed=2)[0]
-    h, cache_h = ref.linear_forward(x, w, b)
-    a_r, relu_cache = relu_forward(h)
-    out_r, cache_r = ref.linear_forward(a_r, w2)
-    da_r, dw2_r, _ = ref.linear_backward(g, cache_r)
-    dh_r = relu_backward(da_r, relu_cache)
-
-    a_f, cache_f = fast.linear_forward(x, w, b, relu=True)
-    out_f, cache_f2 = fast.linear_forward(a_f, w2)
-    dh_f, dw2_f, _ = fast.linear_backward(g, cache_f2, relu_input=True)
-    assert 0.3 < (a_f == 0).mean() < 0.7 and not np.signbit(a_f).any()  # +0, as np.maximum
-    for name, got, want in (("a", a_f, a_r), ("dh", dh_f, dh_r), ("dw2", dw2_f, dw2_r)):
-        assert got.dtype == dtype and np.array_equal(got == 0, want == 0), name
-        assert rel_err(got, want) <= TOL[dtype], name
-    x[0, 0] = np.nan
-    a_nan = fast.linear_forward(x, w, b, relu=True)[0]
-    assert np.isnan(a_nan[0]).all() and not np.isnan(a_nan[1:]).any()
-
-
-@multi_thread
-def test_feedforward_with_fused_relu_passes_gradcheck_and_matches_numpy():
-    rng = np.random.default_rng(4)
-    x = rng.standard_normal((2, 150, 6))  # 300 rows: the kernel's chunks
-    ffns = [FeedForward(6, 10, "relu", rng=np.random.default_rng(8), backend=backend)
-            for backend in ("numpy", "numba")]
-    assert ffns[1].up.affine_forward is not ffns[0].up.affine_forward
-    g = rng.standard_normal(x.shape)
-    outs = [f.forward(x) for f in ffns]
-    dxs = [f.backward(g) for f in ffns]
-    assert rel_err(outs[1], outs[0]) <= 1e-12 and rel_err(dxs[1], dxs[0]) <= 1e-12
-    for name, want in ffns[0].grads.items():
-        assert rel_err(ffns[1].grads[name], want) <= 1e-12, name
-    fresh = FeedForward(6, 10, "relu", rng=np.random.default_rng(8), backend="numba")
-    assert_gradcheck(check_module(fresh, {"x": x}), fresh)
-
-
-@multi_thread
-def test_gradcheck_catches_a_fused_relu_that_lets_everything_through(monkeypatch):
-    """Negative control: the down-projection's backward forgetting the ReLU must fail."""
-    rng = np.random.default_rng(4)
-    ffn = FeedForward(6, 10, "relu", rng=rng, backend="numba")
-    monkeypatch.setattr(ffn.down, "affine_backward", fast.linear_backward)  # relu_input lost
-    x = rng.standard_normal((2, 150, 6))
-    assert not check_module(ffn, {"x": x}).ok(1e-6)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

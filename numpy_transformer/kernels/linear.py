@@ -8,11 +8,9 @@ checks this one against it, float32 and float64):
 * ``y, cache = linear_heads_forward(x, w, b, groups, heads)``: attention's stacked q/k/v
   product, returned by head as (S, B, H, T, D)
 
-with the very same ``LinearCache``. Two extras work on each chunk while it is in cache, so
-that the pass over memory they replace is not made at all: ``relu=True`` applies the FFN's
-ReLU to the output (``linear_forward``) and ``relu_input=True`` takes the gradient back
-through it (``linear_backward`` of the product that reads the ReLU's output), and the heads
-variant writes its output head by head.
+with the very same ``LinearCache``. The heads variant writes each chunk of its output head by
+head while the chunk is in cache. (The feed-forward network with a ReLU has its own kernel,
+``kernels/feedforward.py``, built on the same chunks.)
 
 Why a kernel pays: the matrix products of the linear layers are most of a training step, and
 NumPy hands each one to its BLAS, which can use several cores only with its own thread pool.
@@ -46,7 +44,6 @@ from .._checks import check_float, check_last_dim
 from ..functional import linear as reference
 from ..functional.linear import LinearCache
 from ..threads import blas_on_calling_thread
-from .activations import relu_backward, relu_forward  # the fused pair, for the reference path
 from .blas import gemm, gemm_address
 
 _MIN_ROWS = 256  # fewer rows: the reference's one BLAS call
@@ -68,23 +65,18 @@ def _chunks(n: int) -> int:
 
 
 @njit(parallel=True, **_JIT)
-def _forward_kernel(x, w, b, has_bias, relu, n_chunks, gemm_fn, out):
-    # pragma: no cover - compiled
-    # (1) out = x w + b, chunk by chunk, then (2) out = max(out, 0) if relu.
-    # x: (N, C_in), w: (C_in, C_out), out: (N, C_out)
+def _forward_kernel(x, w, b, has_bias, n_chunks, gemm_fn, out):  # pragma: no cover
+    # (1) out = x w + b, chunk by chunk.  x: (N, C_in), w: (C_in, C_out), out: (N, C_out)
     n = x.shape[0]
     step = -(-n // n_chunks)
     for c in prange(n_chunks):
         lo, hi = c * step, min(n, (c + 1) * step)
         o = out[lo:hi]
         gemm(x[lo:hi], w, o, gemm_fn)  # (1) x w
-        if has_bias or relu:
+        if has_bias:
             for i in range(hi - lo):
                 for j in range(o.shape[1]):
-                    h = o[i, j] + b[j] if has_bias else o[i, j]  # (1) + b
-                    if relu and h <= 0:  # (2) max(h, 0): a NaN fails the test, stays NaN
-                        h = 0.0
-                    o[i, j] = h
+                    o[i, j] += b[j]  # (1) + b
 
 
 @njit(parallel=True, **_JIT)
@@ -111,8 +103,7 @@ def _forward_heads_kernel(x, w, b, has_bias, n_chunks, n_threads, gemm_fn, out):
 
 
 @njit(parallel=True, **_JIT)
-def _backward_kernel(dout, x, w, has_bias, relu_input, n_chunks, gemm_fn, dx, dw_part,
-                     db_part):
+def _backward_kernel(dout, x, w, has_bias, n_chunks, gemm_fn, dx, dw_part, db_part):
     # pragma: no cover - compiled
     # dout: (N, C_out), x: (N, C_in), w: (C_in, C_out) -> dx: (N, C_in),
     # dw_part: (chunks, C_in, C_out), db_part: (chunks, C_out) float64
@@ -122,13 +113,7 @@ def _backward_kernel(dout, x, w, has_bias, relu_input, n_chunks, gemm_fn, dx, dw
         lo, hi = c * step, min(n, (c + 1) * step)
         g = dout[lo:hi]
         # (1) out = x w + b   =>   dx = dout w^T,  dw = x^T dout,  db = sum_N dout
-        d = dx[lo:hi]
-        gemm(g, w.T, d, gemm_fn)
-        if relu_input:  # x = max(h, 0)  =>  dh = dx [h > 0] = dx [x > 0]
-            xs = x[lo:hi]
-            for i in range(hi - lo):
-                for j in range(d.shape[1]):
-                    d[i, j] = d[i, j] if xs[i, j] > 0 else 0.0 * d[i, j]  # 0 * NaN stays NaN
+        gemm(g, w.T, dx[lo:hi], gemm_fn)
         gemm(x[lo:hi].T, g, dw_part[c], gemm_fn)
         if has_bias:
             acc = db_part[c]
@@ -147,50 +132,37 @@ def _operands(x: np.ndarray, w: np.ndarray, b: np.ndarray | None):
     return x2, w, (b.astype(dtype, copy=False) if has_bias else w[0]), has_bias
 
 
-def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *,
-                   relu: bool = False):
-    """Affine map over the last axis; see ``functional.linear.linear_forward``.
-
-    ``relu=True`` returns ``max(x @ w + b, 0)`` instead: a ReLU that follows the product (the
-    feed-forward network's) applied while each chunk of the output is still in cache. The
-    cache is the same ``LinearCache``.
-    """
+def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
+    """Affine map over the last axis; see ``functional.linear.linear_forward``."""
     check_float("x", x)
     check_last_dim("x", x, w.shape[0])
     if _use_reference(x.size // w.shape[0]):
-        out, cache = reference.linear_forward(x, w, b)
-        return (relu_forward(out)[0] if relu else out), cache
+        return reference.linear_forward(x, w, b)
     x2, w, bias, has_bias = _operands(x, w, b)  # x2: (N, C_in)
     out = np.empty((x2.shape[0], w.shape[1]), dtype=w.dtype)  # (N, C_out)
     with blas_on_calling_thread():
-        _forward_kernel(x2, w, bias, has_bias, relu, _chunks(x2.shape[0]),
-                        gemm_address(w.dtype), out)
+        _forward_kernel(x2, w, bias, has_bias, _chunks(x2.shape[0]), gemm_address(w.dtype),
+                        out)
     return (out.reshape(x.shape[:-1] + (w.shape[1],)),
             LinearCache(x2.reshape(x.shape), w, has_bias))
 
 
-def linear_backward(dout: np.ndarray, cache: LinearCache, *, relu_input: bool = False):
-    """Returns ``(dx, dw, db)``; see ``functional.linear.linear_backward``.
-
-    ``relu_input=True`` says the input ``x`` was a ReLU's output ``x = max(h, 0)``, and
-    returns ``dh = dx [x > 0]`` (equal to ``dx [h > 0]``) in place of ``dx``: the ReLU's
-    backward applied while each chunk of ``dx`` is still in cache.
-    """
+def linear_backward(dout: np.ndarray, cache: LinearCache):
+    """Returns ``(dx, dw, db)``; see ``functional.linear.linear_backward``."""
     x, w, has_bias = cache
     c_in, c_out = w.shape
     x2 = x.reshape(-1, c_in)
     n = x2.shape[0]
     if _use_reference(n):
-        dx, dw, db = reference.linear_backward(dout, cache)
-        return (relu_backward(dx, x) if relu_input else dx), dw, db
+        return reference.linear_backward(dout, cache)
     dout2 = np.ascontiguousarray(dout, dtype=x.dtype).reshape(-1, c_out)  # (N, C_out)
     chunks = _chunks(n)
     dx = np.empty_like(x2)  # (N, C_in)
     dw_part = np.empty((chunks, c_in, c_out), dtype=x.dtype)
     db_part = np.zeros((chunks, c_out))
     with blas_on_calling_thread():
-        _backward_kernel(dout2, x2, w, has_bias, relu_input, chunks, gemm_address(x.dtype),
-                         dx, dw_part, db_part)
+        _backward_kernel(dout2, x2, w, has_bias, chunks, gemm_address(x.dtype), dx, dw_part,
+                         db_part)
     dx = dx.reshape(dout.shape[:-1] + (c_in,))
     db = db_part.sum(axis=0).astype(x.dtype) if has_bias else None
     return dx, dw_part.sum(axis=0), db

@@ -14,8 +14,6 @@ choice is made once, in ``__init__``, and stored as the layer's ``forward``/``ba
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from .._checks import check_positive
@@ -330,15 +328,6 @@ class Dropout(Module):
         return dropout_backward(dout, self.cache)
 
 
-def _applied_forward(a: np.ndarray):
-    """The activation pair of a FeedForward whose products apply it: the identity."""
-    return a, None
-
-
-def _applied_backward(da: np.ndarray, cache: None) -> np.ndarray:
-    return da
-
-
 class FeedForward(Module):
     """Position-wise feed-forward network, ``C -> F -> C``.
 
@@ -355,10 +344,10 @@ class FeedForward(Module):
     dtype : dtype, default float64
     rng : np.random.Generator, optional
     backend : {"numpy", "numba"}, default "numpy"
-        With ``"numba"``, the linear maps run on every core (``kernels.linear``); ReLU is
-        applied inside the two products' kernels, exact GELU runs the fused pair of
-        ``kernels.activations``; ``gelu_tanh`` and ``swiglu`` have no kernel and use the
-        reference either way.
+        With ``"numba"``, the linear maps run on every core (``kernels.linear``); with ReLU
+        the whole network is one kernel (``kernels.feedforward``), exact GELU runs the fused
+        pair of ``kernels.activations``; ``gelu_tanh`` and ``swiglu`` have no kernel and use
+        the reference either way.
 
     Notes
     -----
@@ -398,20 +387,23 @@ class FeedForward(Module):
             from ..kernels import activations as fast  # lazy: compiles on first import
 
             self.act_forward, self.act_backward = fast.gelu_forward, fast.gelu_backward
+        # With the numba backend, the ReLU network runs as one kernel over chunks of rows,
+        # (1)-(3) for each chunk while it is in cache (``kernels/feedforward.py``); up and
+        # down then only hold the parameters and gradients
+        self.fused_forward = self.fused_backward = None
         if backend == "numba" and activation == "relu":
-            # The ReLU rides on the products' kernels, applied while each chunk is in cache:
-            # up's output comes out through it, and down's dx goes back through its derivative
-            # (down's input a = max(h, 0) is positive exactly where h is). (2) is then a no-op.
-            from ..kernels import linear as fast_linear  # lazy: compiles on first import
+            from ..kernels import feedforward as fused  # lazy: compiles on first import
 
-            self.up.affine_forward = functools.partial(fast_linear.linear_forward, relu=True)
-            self.down.affine_backward = functools.partial(fast_linear.linear_backward,
-                                                          relu_input=True)
-            self.act_forward, self.act_backward = _applied_forward, _applied_backward
-        self.cache = None  # the activation's cache
+            self.fused_forward, self.fused_backward = (fused.relu_ffn_forward,
+                                                       fused.relu_ffn_backward)
+        self.cache = None  # the activation's cache, or the fused kernel's
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (B, T, C) -> out : (B, T, C)."""
+        if self.fused_forward is not None:  # (1)-(3)
+            up, down = self.up.params, self.down.params
+            out, self.cache = self.fused_forward(x, up["w"], up["b"], down["w"], down["b"])
+            return out
         if self.activation == "swiglu":
             a, self.cache = swiglu_forward(self.gate(x), self.up(x))  # (1), (2)
         else:
@@ -419,6 +411,12 @@ class FeedForward(Module):
         return self.down(a)  # (3) (B, T, C)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
+        if self.fused_backward is not None:  # (3)-(1)
+            dx, dw1, db1, dw2, db2 = self.fused_backward(dout, self.cache)
+            for layer, dw, db in ((self.up, dw1, db1), (self.down, dw2, db2)):
+                layer.grads["w"] += dw
+                layer.grads["b"] += db
+            return dx
         da = self.down.backward(dout)  # (3)
         if self.activation == "swiglu":
             dg, du = swiglu_backward(da, self.cache)  # (2)

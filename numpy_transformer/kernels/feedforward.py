@@ -1,0 +1,190 @@
+"""The ReLU feed-forward network in one pass over its rows: ``out = max(x w1 + b1, 0) w2 + b2``.
+
+Same result as the three readable pieces it replaces, composed (:func:`reference_forward`
+and :func:`reference_backward` below, built from ``functional/linear.py`` and
+``functional/activations.py``; ``tests/test_kernel_feedforward.py`` checks the kernel against
+them, float32 and float64):
+
+* ``out, cache = relu_ffn_forward(x, w1, b1, w2, b2)``
+* ``dx, dw1, db1, dw2, db2 = relu_ffn_backward(dout, cache)``
+
+Why one kernel: the rows are cut into chunks, as in ``kernels/linear.py`` (read that file
+first), and each chunk goes through both products and the ReLU while it is in the core's
+cache. Apart, the down-projection read the hidden activations h, (N, F), back from memory, and
+in the backward pass its gradient dh was written to memory and read back by the
+up-projection's. For one chunk of rows::
+
+    forward   h   = max(x w1 + b1, 0)                       (1), (2)  kept for the backward
+              out = h w2 + b2                               (3)
+    backward  dh  = (dout w2^T) [h > 0]                     (3), then (2): h > 0 exactly where
+              dw2 += h^T dout,   db2 += sum_rows dout       (3)         x w1 + b1 > 0
+              dx  = dh w1^T                                 (1)
+              dw1 += x^T dh,     db1 += sum_rows dh         (1)
+
+As in ``kernels/linear.py`` each chunk writes its own partial weight gradients (bias
+gradients in float64), added at the end; the chunks depend only on the number of rows, so
+results are the same bit for bit on 2 threads or more, and the same as the linear kernels'
+with the ReLU applied between them. Few rows and one thread go to the reference.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from .._checks import check_float, check_last_dim
+from ..functional import linear as linear_ref
+from ..functional.activations import relu_backward, relu_forward
+from ..threads import blas_on_calling_thread
+from .blas import gemm, gemm_address
+from .linear import _chunks, _use_reference
+
+_JIT = dict(cache=True, nogil=True)
+
+
+class FeedForwardCache(NamedTuple):
+    x: np.ndarray  # (N, C) the input rows
+    h: np.ndarray  # (N, F) the ReLU's output
+    w1: np.ndarray  # (C, F)
+    w2: np.ndarray  # (F, C)
+    shape: tuple  # the input's shape
+
+
+def reference_forward(x, w1, b1, w2, b2):
+    """The readable composition: linear, ReLU, linear (``functional``). Same contract."""
+    h, _ = relu_forward(linear_ref.linear_forward(x, w1, b1)[0])  # (1), (2)
+    out, _ = linear_ref.linear_forward(h, w2, b2)  # (3)
+    x2 = x.reshape(-1, w1.shape[0])
+    return out, FeedForwardCache(x2, h.reshape(-1, w1.shape[1]), w1, w2, x.shape)
+
+
+def reference_backward(dout, cache: FeedForwardCache):
+    """The readable composition's backward. Same contract as :func:`relu_ffn_backward`."""
+    x, h, w1, w2, shape = cache
+    dh, dw2, db2 = linear_ref.linear_backward(dout, linear_ref.LinearCache(
+        h.reshape(shape[:-1] + h.shape[-1:]), w2, True))  # (3)
+    dh = relu_backward(dh, h.reshape(dh.shape))  # (2) through the ReLU's output: h > 0
+    dx, dw1, db1 = linear_ref.linear_backward(dh, linear_ref.LinearCache(
+        x.reshape(shape), w1, True))  # (1)
+    return dx, dw1, db1, dw2, db2
+
+
+@njit(parallel=True, **_JIT)
+def _forward_kernel(x, w1, b1, w2, b2, n_chunks, gemm_fn, h, out):  # pragma: no cover
+    # x: (N, C), w1: (C, F), b1: (F,), w2: (F, C), b2: (C,) -> h: (N, F), out: (N, C)
+    n = x.shape[0]
+    step = -(-n // n_chunks)
+    for c in prange(n_chunks):
+        lo, hi = c * step, min(n, (c + 1) * step)
+        hc, oc = h[lo:hi], out[lo:hi]
+        gemm(x[lo:hi], w1, hc, gemm_fn)  # (1) x w1
+        for i in range(hi - lo):
+            for j in range(hc.shape[1]):
+                a = hc[i, j] + b1[j]  # (1) + b1
+                if a <= 0:  # (2) max(a, 0): a NaN fails the test and stays NaN
+                    a = 0.0
+                hc[i, j] = a
+        gemm(hc, w2, oc, gemm_fn)  # (3) h w2, with h's chunk in cache
+        for i in range(hi - lo):
+            for j in range(oc.shape[1]):
+                oc[i, j] += b2[j]  # (3) + b2
+
+
+@njit(parallel=True, **_JIT)
+def _backward_kernel(dout, x, h, w1, w2, n_chunks, n_threads, gemm_fn, dx, dw1_part, db1_part,
+                     dw2_part, db2_part):  # pragma: no cover - compiled
+    # dout: (N, C), x: (N, C), h: (N, F) -> dx: (N, C), dw1_part: (chunks, C, F),
+    # db1_part: (chunks, F) float64, dw2_part: (chunks, F, C), db2_part: (chunks, C) float64
+    n, f = h.shape
+    step = -(-n // n_chunks)
+    scratch = np.empty((n_threads, step * f), h.dtype)  # one chunk's dh per thread
+    for c in prange(n_chunks):
+        lo, hi = c * step, min(n, (c + 1) * step)
+        g, hc = dout[lo:hi], h[lo:hi]
+        dh = scratch[numba.get_thread_id(), :(hi - lo) * f].reshape((hi - lo, f))
+        # (3) out = h w2 + b2  =>  dh = dout w2^T,  dw2 = h^T dout,  db2 = sum_N dout
+        gemm(g, w2.T, dh, gemm_fn)
+        for i in range(hi - lo):
+            for j in range(f):  # (2) h = max(a, 0)  =>  da = dh [a > 0] = dh [h > 0]
+                dh[i, j] = dh[i, j] if hc[i, j] > 0 else 0.0 * dh[i, j]  # 0 * NaN stays NaN
+        gemm(hc.T, g, dw2_part[c], gemm_fn)
+        acc = db2_part[c]
+        for i in range(hi - lo):
+            for j in range(g.shape[1]):
+                acc[j] += g[i, j]
+        # (1) a = x w1 + b1  =>  dx = da w1^T,  dw1 = x^T da,  db1 = sum_N da
+        gemm(dh, w1.T, dx[lo:hi], gemm_fn)
+        gemm(x[lo:hi].T, dh, dw1_part[c], gemm_fn)
+        acc = db1_part[c]
+        for i in range(hi - lo):
+            for j in range(f):
+                acc[j] += dh[i, j]
+
+
+def relu_ffn_forward(x: np.ndarray, w1: np.ndarray, b1: np.ndarray, w2: np.ndarray,
+                     b2: np.ndarray):
+    """``out = max(x @ w1 + b1, 0) @ w2 + b2`` over the last axis.
+
+    Parameters
+    ----------
+    x : ndarray of shape (..., C), float32 or float64
+    w1, b1 : ndarrays of shapes (C, F) and (F,), x's dtype
+    w2, b2 : ndarrays of shapes (F, C) and (C,), x's dtype
+
+    Returns
+    -------
+    out : ndarray shaped like x
+    cache : FeedForwardCache
+        The input rows and the ReLU's output, for :func:`relu_ffn_backward`.
+
+    Raises
+    ------
+    ValueError
+        If x is not a float array whose last axis is C, or the weights do not fit.
+    """
+    check_float("x", x)
+    check_last_dim("x", x, w1.shape[0])
+    if w2.shape != w1.shape[::-1] or b1.shape != w1.shape[1:] or b2.shape != w2.shape[1:] or \
+            len({a.dtype for a in (x, w1, b1, w2, b2)}) != 1:
+        raise ValueError(f"the weights must be (C, F), (F,), (F, C), (C,) of x's dtype "
+                         f"{x.dtype}, got {w1.shape}, {b1.shape}, {w2.shape}, {b2.shape}")
+    if _use_reference(x.size // w1.shape[0]):
+        return reference_forward(x, w1, b1, w2, b2)
+    x2 = np.ascontiguousarray(x).reshape(-1, w1.shape[0])  # (N, C)
+    h = np.empty((x2.shape[0], w1.shape[1]), dtype=x.dtype)  # (N, F)
+    out = np.empty_like(x2)  # (N, C)
+    with blas_on_calling_thread():
+        _forward_kernel(x2, w1, b1, w2, b2, _chunks(x2.shape[0]), gemm_address(x.dtype), h,
+                        out)
+    return out.reshape(x.shape), FeedForwardCache(x2, h, w1, w2, x.shape)
+
+
+def relu_ffn_backward(dout: np.ndarray, cache: FeedForwardCache):
+    """Gradients of :func:`relu_ffn_forward`: ``(dx, dw1, db1, dw2, db2)``, dx shaped like x.
+
+    Raises
+    ------
+    ValueError
+        If dout is not shaped like the forward's output.
+    """
+    x, h, w1, w2, shape = cache
+    if not isinstance(dout, np.ndarray) or dout.shape != shape:
+        raise ValueError(f"dout must be an array of shape {shape}, got "
+                         f"{getattr(dout, 'shape', type(dout).__name__)}")
+    n = x.shape[0]
+    if _use_reference(n):
+        return reference_backward(dout, cache)
+    dout2 = np.ascontiguousarray(dout, dtype=x.dtype).reshape(n, -1)  # (N, C)
+    chunks = _chunks(n)
+    (c, f), dtype = w1.shape, x.dtype
+    dx = np.empty_like(x)  # (N, C)
+    dw1_part, dw2_part = np.empty((chunks, c, f), dtype), np.empty((chunks, f, c), dtype)
+    db1_part, db2_part = np.zeros((chunks, f)), np.zeros((chunks, c))
+    with blas_on_calling_thread():
+        _backward_kernel(dout2, x, h, w1, w2, chunks, numba.get_num_threads(),
+                         gemm_address(dtype), dx, dw1_part, db1_part, dw2_part, db2_part)
+    return (dx.reshape(shape), dw1_part.sum(axis=0), db1_part.sum(axis=0).astype(dtype),
+            dw2_part.sum(axis=0), db2_part.sum(axis=0).astype(dtype))
