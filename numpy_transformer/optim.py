@@ -14,9 +14,10 @@ where ``schedule`` is a learning-rate schedule from :mod:`numpy_transformer.sche
 
 The update arithmetic follows ``torch.optim.Adam`` / ``torch.optim.AdamW`` operation by
 operation (same order, same rounding points), so a run agrees with PyTorch to float precision.
-Two implementations of the same update sit side by side: :func:`adam_update_numpy`, the
-readable reference, and :func:`adam_update_numba`, a fused loop that reads and writes each
-element once (one pass over memory instead of about a dozen). The tests check they agree.
+Two implementations of the same update: :func:`adam_update_numpy` here, the readable
+reference, and the Numba kernel of ``kernels/adam.py``, one loop that reads and writes each
+element once (one pass over memory instead of about a dozen) and updates all the parameters of
+a model in one parallel call. The tests check they agree bit for bit.
 
 References
 ----------
@@ -31,10 +32,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 
-import numba
 import numpy as np
 
 from ._checks import check_float, check_number
+from .kernels.adam import ParameterSet, adam_update_numba
 
 __all__ = ["clip_grad_norm", "Adam", "AdamW", "adam_update_numpy", "adam_update_numba"]
 
@@ -135,39 +136,6 @@ def adam_update_numpy(p, g, m, v, scratch, decay, l2, w1, beta2, w2, bc2_sqrt, e
     p += scratch
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _adam_kernel(p, g, m, v, decay, l2, w1, beta2, w2, bc2_sqrt, eps, neg_step):
-    # All arrays 1-D and contiguous; the scalars arrive in the arrays' dtype, so a float32 run
-    # computes in float32 exactly as the NumPy reference does (no silent float64 promotion).
-    # No fastmath: LLVM then neither fuses a*b+c into an FMA nor reorders, so each line
-    # rounds at the same points as the NumPy version above. The entries are independent, so
-    # ``prange`` splits them over the threads; it also lets the compiler vectorise the loop,
-    # which it did not do for the plain ``range`` (measured 8x faster on 2 cores).
-    for i in numba.prange(p.size):
-        gi = g[i]
-        if l2 != 0:
-            gi = gi + l2 * p[i]  # (0)
-        mi = m[i] + w1 * (gi - m[i])  # (2)
-        vi = v[i] * beta2 + w2 * gi * gi  # (3)
-        denom = np.sqrt(vi) / bc2_sqrt + eps  # (4)
-        m[i] = mi
-        v[i] = vi
-        p[i] = p[i] * decay + neg_step * (mi / denom)  # (1), (5)
-
-
-def adam_update_numba(p, g, m, v, scratch, decay, l2, w1, beta2, w2, bc2_sqrt, eps, neg_step):
-    """The same update as :func:`adam_update_numpy`, fused into one numba loop.
-
-    Needs ``p`` C-contiguous (it is updated through a flat view); otherwise falls back to the
-    NumPy version. ``scratch`` is unused and accepted only so both share one signature.
-    """
-    if not p.flags.c_contiguous:
-        adam_update_numpy(p, g, m, v, scratch, decay, l2, w1, beta2, w2, bc2_sqrt, eps, neg_step)
-        return
-    _adam_kernel(p.reshape(-1), np.ascontiguousarray(g).reshape(-1), m.reshape(-1),
-                 v.reshape(-1), decay, l2, w1, beta2, w2, bc2_sqrt, eps, neg_step)
-
-
 _KERNELS = {"numpy": adam_update_numpy, "numba": adam_update_numba}
 
 
@@ -254,6 +222,7 @@ class Adam:
         self.m: dict[str, np.ndarray] = {}
         self.v: dict[str, np.ndarray] = {}
         self._scratch: dict[np.dtype, np.ndarray] = {}  # one flat work buffer per dtype
+        self._sets = None  # (identity of the arrays, their ParameterSets): numba kernel
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(lr={self.lr}, betas={self.betas}, eps={self.eps}, "
@@ -327,15 +296,44 @@ class Adam:
         bias_correction1 = 1.0 - beta1 ** self.t
         bc2_sqrt = (1.0 - beta2 ** self.t) ** 0.5
         neg_step = -(lr / bias_correction1)
+        # per parameter: (1) AdamW's decay factor, (0) Adam's L2 weight
+        wds = {name: self.weight_decay if self.decays(name, p) else 0.0
+               for name, p in params.items()}
+        decay = {name: 1.0 - lr * wd if self.decoupled else 1.0 for name, wd in wds.items()}
+        l2 = {name: 0.0 if self.decoupled else wd for name, wd in wds.items()}
+
+        def shared(f):  # the scalars every parameter shares, in its dtype
+            return (f(1.0 - beta1), f(beta2), f(1.0 - beta2), f(bc2_sqrt), f(self.eps),
+                    f(neg_step))
+
+        if self.kernel == "numba" and all(p.flags.c_contiguous and grads[n].flags.c_contiguous
+                                          for n, p in params.items()):
+            for names, group in self._parameter_sets(params, grads):
+                f = group.dtype.type
+                group.update(np.array([decay[n] for n in names], group.dtype),
+                             np.array([l2[n] for n in names], group.dtype), *shared(f))
+            return
         update = _KERNELS[self.kernel]
         for name, p in params.items():
-            wd = self.weight_decay if self.decays(name, p) else 0.0
-            decay = 1.0 - lr * wd if self.decoupled else 1.0
-            l2 = 0.0 if self.decoupled else wd
             f = p.dtype.type
             update(p, grads[name], self.m[name], self.v[name], self._scratch_like(p),
-                   f(decay), f(l2), f(1.0 - beta1), f(beta2), f(1.0 - beta2), f(bc2_sqrt),
-                   f(self.eps), f(neg_step))
+                   f(decay[name]), f(l2[name]), *shared(f))
+
+    def _parameter_sets(self, params: Mapping[str, np.ndarray],
+                        grads: Mapping[str, np.ndarray]) -> list:
+        """``[(names, ParameterSet)]``, one per dtype, for the numba kernel. Kept from step
+        to step while every array is the same object (the views write through to them)."""
+        key = tuple((n, id(p), id(grads[n]), id(self.m[n]), id(self.v[n]))
+                    for n, p in params.items())
+        if self._sets is None or self._sets[0] != key:
+            by_dtype: dict[np.dtype, list[str]] = {}
+            for n, p in params.items():
+                by_dtype.setdefault(p.dtype, []).append(n)
+            self._sets = key, [(names, ParameterSet(
+                [params[n] for n in names], [grads[n] for n in names],
+                [self.m[n] for n in names], [self.v[n] for n in names]))
+                for names in by_dtype.values()]
+        return self._sets[1]
 
     def state_dict(self) -> dict:
         """The optimiser state as plain values: ints, floats and dicts of array copies.

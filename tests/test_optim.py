@@ -115,6 +115,62 @@ def test_numba_kernel_equals_numpy_reference_bitwise(dtype, decoupled):
             np.testing.assert_array_equal(a, b, err_msg=f"{name} at step {t}")
 
 
+@pytest.mark.parametrize("cls", [Adam, AdamW])
+def test_one_call_for_all_parameters_equals_numpy_bitwise(cls):
+    """The numba path updates every parameter in one call (``kernels/adam.py``): two dtypes
+    in one dict, weight decay on some arrays only, an array longer than one work block."""
+    from numpy_transformer.kernels.adam import _BLOCK
+
+    rng = np.random.default_rng(4)
+    shapes = {"big": (_BLOCK + 777,), "w": (6, 5), "b": (5,), "w64": (3, 4), "b64": (4,)}
+    base = {k: rng.standard_normal(s).astype(np.float64 if k.endswith("64") else np.float32)
+            for k, s in shapes.items()}
+    grads_seq = [make_grads(rng, base) for _ in range(4)]
+    results = []
+    for kernel in KERNELS:
+        params = {k: p.copy() for k, p in base.items()}
+        opt = cls(lr=0.01, weight_decay=0.1, kernel=kernel)
+        for grads in grads_seq:
+            opt.step(params, grads)
+        results.append((params, opt.m, opt.v))
+    for (a, ma, va), (b, mb, vb) in zip(results[:1], results[1:], strict=True):
+        for k in shapes:
+            assert b[k].dtype == base[k].dtype
+            for x, y in ((a[k], b[k]), (ma[k], mb[k]), (va[k], vb[k])):
+                np.testing.assert_array_equal(x, y, err_msg=k)
+
+
+def test_numba_path_follows_a_replaced_parameter_array():
+    """The one-call path keeps views of the arrays between steps; a parameter (or gradient)
+    replaced by a new array must be the one updated next, not the old one."""
+    rng = np.random.default_rng(5)
+    params = make_params(rng, np.float32)
+    grads = make_grads(rng, params)
+    opt = Adam(lr=0.1)
+    opt.step(params, grads)
+    old = params["w"]
+    params["w"] = old.copy()
+    grads["b"] = grads["b"].copy()
+    kept = old.copy()
+    opt.step(params, grads)
+    np.testing.assert_array_equal(old, kept)  # the replaced array is left alone
+    assert not np.array_equal(params["w"], kept)
+
+
+def test_parameter_set_rejects_mismatched_arrays():
+    from numpy_transformer.kernels.adam import ParameterSet
+
+    a, b = np.zeros((3, 2)), np.zeros(5)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        ParameterSet([a], [a.T.copy()], [a], [a])  # another shape
+    with pytest.raises(ValueError, match="C-contiguous"):
+        ParameterSet([a], [a.astype(np.float32)], [a], [a])  # another dtype
+    with pytest.raises(ValueError, match="C-contiguous"):
+        ParameterSet([a, b], [a, b], [a, b], [np.zeros((2, 3)).T, b])  # strided
+    with pytest.raises(ValueError, match="C-contiguous"):
+        ParameterSet([a, b], [a], [a], [a])  # different lengths
+
+
 def test_numba_path_handles_non_contiguous_params():
     rng = np.random.default_rng(3)
     base = {"w": rng.standard_normal((6, 4)), "b": rng.standard_normal(4)}
