@@ -103,17 +103,33 @@ def test_wide_heads_multiply_in_pieces(kind, dtype):
         assert err <= TOL[dtype], f"{kind} {dtype.__name__}: {name} relative error {err:.2e}"
 
 
-def test_products_in_pieces_match_numpy():
-    """The piecewise products themselves, on rows that make three pieces and a short one."""
+@pytest.mark.parametrize("causal", [False, True])
+def test_products_in_pieces_match_numpy(causal):
+    """The block products themselves. Without a mask: keys in several pieces of the
+    small-matrix size and a short one. Causal, a late block of queries (i0 = 1024): the keys
+    seen by all its queries in such pieces too, then the diagonal in pieces of
+    ``_DIAG_KEYS``, each from the first query that sees it. Scores must be right where
+    visible; the products over keys and queries must equal the whole ones when the hidden
+    weights are zero."""
     rng = np.random.default_rng(6)
-    a, b, c = (rng.standard_normal(s) for s in ((1000, 128), (128, 16), (1000, 16)))
-    assert ker._key_piece(128, 16) * 2 < 1000 < ker._key_piece(128, 16) * 3
-    out = np.empty((1000, 16))
-    ker._dot_by_rows(a, b, out)
-    assert rel_err(out, a @ b) <= 1e-13
-    out, part = np.empty((128, 16)), np.empty((128, 16))
-    ker._dot_t_by_rows(a, c, out, part)
-    assert rel_err(out, a.T @ c) <= 1e-13
+    i0, n, d, t = 1024, 128, 16, 1200
+    k_hi = i0 + n if causal else t
+    visible = np.arange(n)[None, :] >= np.array(
+        [ker._first_row(j, i0, n, t, t, causal) for j in range(k_hi)])[:, None]  # (k_hi, n)
+    full = ker._full_keys(k_hi, i0, t, t, causal)
+    assert (full == k_hi) != causal and 2 * ker._key_piece(d, n) < full
+    a, b_t, x_q, x_k = (rng.standard_normal(s) for s in ((k_hi, d), (d, n), (n, d), (k_hi, d)))
+    fn = ker.gemm_address(np.float64)
+    scores = np.full((k_hi, n), np.nan)
+    ker._scores_t(a, b_t, scores, i0, n, t, t, causal, fn)
+    assert rel_err(scores[visible], (a @ b_t)[visible]) <= 1e-13
+    weights = np.where(visible, rng.standard_normal((k_hi, n)), 0.0)  # zero where hidden
+    out = np.full((k_hi, d), np.nan)
+    ker._keys_product(weights, x_q, out, i0, n, t, t, causal, fn)
+    assert rel_err(out, weights @ x_q) <= 1e-13
+    out = np.full((n, d), np.nan)
+    ker._queries_product(weights, x_k, out, i0, n, t, t, causal, fn)
+    assert rel_err(out, weights.T @ x_k) <= 1e-13
 
 
 def test_structured_masks_take_the_skipping_path():

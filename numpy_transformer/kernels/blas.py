@@ -5,20 +5,24 @@ SciPy 1.17 ship two different OpenBLAS builds (0.3.31 and 0.3.30), and the weigh
 a linear layer, ``x^T dout``, whose left operand is transposed, runs 15-20% faster in NumPy's:
 measured single-threaded on (800, 84) x (800, 84 to 252) float32, about 130 GF/s against 110.
 Their other products run at the same speed, and the two give bit-for-bit the same results on
-these shapes. So the linear kernels (``kernels/linear.py``) make their products with
-:func:`gemm`, which calls NumPy's ``cblas_?gemm`` by its address:
+these shapes. So the kernels make their products with :func:`gemm`, which calls NumPy's
+``cblas_?gemm`` by its address. It also takes what ``np.dot`` in Numba does not: an output
+that is a block of a larger array, and accumulation into it (the attention kernel multiplies
+only the parts of a causal score block that are visible, ``kernels/attention.py``):
 
-* ``gemm(a, b, out, fn)``: ``out = a @ b``. ``a`` and ``b`` are 2-D with unit stride along
-  one axis (C-contiguous, a row slice of such an array, or a transpose of either); ``out`` is
-  C-contiguous. ``fn`` is :func:`gemm_address` of the dtype, or 0 for Numba's ``np.dot``.
+* ``gemm(a, b, out, fn, accumulate=False)``: ``out = a @ b`` (``out += a @ b`` with
+  ``accumulate``). ``a`` and ``b`` are 2-D with unit stride along one axis (C-contiguous, a
+  slice of such an array, or a transpose of either); ``out`` has contiguous rows (a slice of
+  a C-contiguous array). ``fn`` is :func:`gemm_address` of the dtype, or 0 for Numba's
+  ``np.dot`` (with a copy of each operand and of the result: correct, not fast).
 
 The address is an argument, not a constant compiled into the kernel, so that kernels cached
 on disk stay valid in the next process, where the library is loaded at another address. A
 NumPy built on another BLAS (MKL, Accelerate, a 32-bit-integer OpenBLAS) gives address 0:
 the kernels then use ``np.dot``, as before.
 
-Numba's on-disk cache tracks each compiled function's own source file only, and the linear
-kernels compile ``gemm`` into themselves: after editing this file delete
+Numba's on-disk cache tracks each compiled function's own source file only, and the kernels
+compile ``gemm`` into themselves: after editing this file delete
 ``numpy_transformer/kernels/__pycache__/*.nb[ic]`` (as for ``special.py``).
 """
 
@@ -100,16 +104,24 @@ def _layout(x):
 
 
 @njit(**_JIT)
-def gemm(a, b, out, fn):  # pragma: no cover - compiled
-    # out = a b.  a: (M, K), b: (K, N), out: (M, N) C-contiguous (Numba's np.dot, compiled in
-    # as the fallback, accepts no other); fn: gemm_address of their dtype, or 0 for np.dot
+def gemm(a, b, out, fn, accumulate=False):  # pragma: no cover - compiled
+    # out = a b, or out += a b with accumulate.  a: (M, K), b: (K, N), out: (M, N) with
+    # contiguous rows (a row and column slice of a C array will do); fn: gemm_address of their
+    # dtype, or 0 for Numba's np.dot, which needs a copy of each operand laid out as it wants
     if a.shape[1] != b.shape[0] or out.shape[0] != a.shape[0] or out.shape[1] != b.shape[1]:
         raise ValueError("gemm: shapes do not match")
     if fn == 0:
-        np.dot(a, b, out)
+        product = np.dot(np.ascontiguousarray(a), np.ascontiguousarray(b))
+        if accumulate:
+            out += product
+        else:
+            out[...] = product
         return
     trans_a, lda = _layout(a)
     trans_b, ldb = _layout(b)
+    trans_out, ldc = _layout(out)
+    if trans_out != _NO_TRANS:
+        raise ValueError("gemm: out must have contiguous rows")
     _cblas_gemm(fn, trans_a, trans_b, out.shape[0], out.shape[1], a.shape[1],
-                out.dtype.type(1), a.ctypes.data, lda, b.ctypes.data, ldb, out.dtype.type(0),
-                out.ctypes.data, max(out.shape[1], 1))
+                out.dtype.type(1), a.ctypes.data, lda, b.ctypes.data, ldb,
+                out.dtype.type(1 if accumulate else 0), out.ctypes.data, ldc)
