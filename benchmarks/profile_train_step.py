@@ -36,7 +36,7 @@ from bench_train_step import CONFIGS, _batches  # noqa: E402
 
 from numpy_transformer import optim, schedules, train  # noqa: E402
 from numpy_transformer.allocator import reuse_freed_memory  # noqa: E402
-from numpy_transformer.nn import DecoderLM, TransformerConfig, layers, positional  # noqa: E402
+from numpy_transformer.nn import DecoderLM, TransformerConfig, layers, models, positional  # noqa: E402
 from numpy_transformer.nn import attention as nn_attention  # noqa: E402
 
 TOTALS: dict[str, float] = defaultdict(float)
@@ -77,6 +77,9 @@ def instrument(model) -> None:
             m.heads_forward = timed("linear", m.heads_forward)  # the stacked q, k, v products
             m.sdpa_forward = timed("attention core", m.sdpa_forward)
             m.sdpa_backward = timed("attention core", m.sdpa_backward)
+        if isinstance(m, models.Embeddings) and m.fused_forward is not None:
+            m.fused_forward = timed("embedding + positions", m.fused_forward)  # (1)-(3) at once
+            m.fused_backward = timed("embedding + positions", m.fused_backward)
         if isinstance(m, layers.FeedForward) and m.fused_forward is not None:
             m.fused_forward = timed("linear", m.fused_forward)  # both products and the ReLU
             m.fused_backward = timed("linear", m.fused_backward)

@@ -232,6 +232,40 @@ def test_embedding_backward_is_the_reference_bit_for_bit(dtype):
     np.testing.assert_array_equal(fast, ref)  # same additions in the same order
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale, positions", [(1.0, False), (2.8284271247461903, True),
+                                              (1.0, True)])
+def test_embeddings_forward_is_the_three_passes_bit_for_bit(dtype, scale, positions):
+    """lookup, ``* scale``, ``+ PE[:T]`` as NumPy does them one after the other, and the table
+    gradient of ``dout * scale``: the same numbers to the last bit."""
+    rng = np.random.default_rng(7)
+    table = rng.standard_normal((7, 5)).astype(dtype)
+    ids = rng.integers(0, 7, (6, 9))
+    rows = rng.standard_normal((9, 5)).astype(dtype) if positions else None
+    want, cache_r = ref_emb.embedding_forward(ids, table)
+    want = want * scale
+    if positions:
+        want = want + rows
+    got, cache = fast_emb.embeddings_forward(ids, table, scale, rows)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, want)
+    dout = rng.standard_normal((6, 9, 5)).astype(dtype)
+    np.testing.assert_array_equal(fast_emb.embedding_backward(dout, cache, scale),
+                                  ref_emb.embedding_backward(dout * scale, cache_r))
+
+
+def test_embeddings_forward_rejects_bad_input():
+    table = np.zeros((7, 5))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        fast_emb.embeddings_forward(np.array([[0, 7]]), table)
+    with pytest.raises(ValueError, match="shape"):
+        fast_emb.embeddings_forward(np.array([0, 1]), table)
+    with pytest.raises(ValueError, match="positions"):
+        fast_emb.embeddings_forward(np.array([[0, 1]]), table, 1.0, np.zeros((3, 5)))
+    with pytest.raises(ValueError, match="positions"):
+        fast_emb.embeddings_forward(np.array([[0, 1]]), table, 1.0, np.zeros((2, 5), np.float32))
+
+
 # ------------------------------------------------------------------------------- models
 def _configs():
     base = dict(vocab=11, width=8, heads=2, layers=2, ffn_width=12, max_len=6)

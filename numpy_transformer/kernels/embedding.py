@@ -1,32 +1,102 @@
-"""The embedding backward in Numba: a drop-in for ``functional.embedding.embedding_backward``.
+"""The embeddings in Numba: lookup, scale and positions in one pass, and the table's gradient.
 
-The reference scatters with ``np.add.at(dtable, ids, dout)``, NumPy's unbuffered scatter-add,
-which handles repeated ids correctly but pays a per-index overhead. The loop below does the
-same additions in the same order (so the result is bit-for-bit the reference's): for each
-token n, ``dtable[ids[n]] += dout[n]``. It stays serial: two threads could hit the same row.
+Drop-ins for the readable pieces that ``nn.models.Embeddings`` composes with the numpy backend
+(``functional.embedding`` and the position modules); ``tests/test_kernels_step.py`` checks
+them against those, bit for bit:
+
+* ``out, cache = embeddings_forward(ids, table, scale=1.0, positions=None)``:
+  ``out[b, t] = table[ids[b, t]] * scale + positions[t]``, rows in parallel, each entry
+  rounded as the three NumPy passes round it (the lookup, ``* scale``, ``+ positions``).
+  One pass instead of three, and no intermediate arrays: 0.9 -> 0.2 ms at the char model's
+  (64, 100, 84).
+* ``dtable = embedding_backward(dout, cache, scale=1.0)``: the rows of ``dout * scale``
+  summed per id. The reference scatters with ``np.add.at(dtable, ids, dout)``, NumPy's
+  unbuffered scatter-add, which handles repeated ids correctly but pays a per-index overhead.
+  The loop below does the same additions in the same order: for each token n,
+  ``dtable[ids[n]] += dout[n] * scale``. It stays serial: two threads could hit the same row.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
+from .._checks import check_float, check_ids
 from ..functional.embedding import EmbeddingCache
 
+_JIT = dict(cache=True, nogil=True, error_model="numpy")
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _scatter_add_rows(dtable, ids, dout):  # pragma: no cover - compiled
+
+@njit(parallel=True, **_JIT)
+def _lookup_rows(ids, table, scale, positions, has_positions, out):  # pragma: no cover
+    # ids: (N,) = (B T,) ; table: (V, C); positions: (T, C), unused without; out: (N, C)
+    t_len = positions.shape[0]
+    for n in prange(ids.size):
+        src, dst = table[ids[n]], out[n]
+        for j in range(dst.size):
+            e = src[j] * scale  # (1) lookup, (2) scale
+            if has_positions:
+                e = e + positions[n % t_len, j]  # (3) + PE[t]
+            dst[j] = e
+
+
+@njit(**_JIT)
+def _scatter_add_rows(dtable, ids, dout, scale):  # pragma: no cover - compiled
     # dtable: (V, C); ids: (N,); dout: (N, C)
     for n in range(ids.size):
         row = ids[n]
         for j in range(dout.shape[1]):
-            dtable[row, j] += dout[n, j]  # (1) dtable[v] = sum over n with ids[n] == v
+            # (2) e = table[ids] * scale  =>  (1) dtable[v] = sum over n with ids[n] == v
+            dtable[row, j] += dout[n, j] * scale
 
 
-def embedding_backward(dout: np.ndarray, cache: EmbeddingCache) -> np.ndarray:
-    """Returns ``dtable`` of shape (V, C): rows of ``dout`` summed per id (repeats accumulate)."""
+def embeddings_forward(ids: np.ndarray, table: np.ndarray, scale: float = 1.0,
+                       positions: np.ndarray | None = None):
+    """``table[ids] * scale + positions``: token rows, scaled, plus one position row per step.
+
+    Parameters
+    ----------
+    ids : ndarray of int, shape (B, T)
+    table : ndarray of shape (V, C)
+    scale : float, default 1.0
+    positions : ndarray of shape (T, C), table's dtype, optional
+
+    Returns
+    -------
+    out : ndarray of shape (B, T, C), table's dtype
+    cache : EmbeddingCache
+        As ``functional.embedding.embedding_forward``'s.
+
+    Raises
+    ------
+    ValueError
+        For ids that are not integers in ``[0, V)`` or not (B, T), or positions that are not
+        (T, C) of the table's dtype.
+    """
+    check_float("table", table, ndim=2)
+    ids = check_ids("ids", ids, table.shape[0])
+    if ids.ndim != 2:
+        raise ValueError(f"ids must have shape (B, T), got {ids.shape}")
+    has_positions = positions is not None
+    if has_positions and (positions.shape != (ids.shape[1], table.shape[1])
+                          or positions.dtype != table.dtype):
+        raise ValueError(f"positions must be {table.dtype} of shape "
+                         f"{(ids.shape[1], table.shape[1])}, got {positions.dtype} "
+                         f"{positions.shape}")
+    out = np.empty(ids.shape + table.shape[1:], dtype=table.dtype)  # (B, T, C)
+    _lookup_rows(ids.reshape(-1).astype(np.int64, copy=False), table,
+                 table.dtype.type(scale),
+                 np.ascontiguousarray(positions) if has_positions else table[:1],
+                 has_positions, out.reshape(-1, table.shape[1]))
+    return out, EmbeddingCache(ids, table.shape, table.dtype)
+
+
+def embedding_backward(dout: np.ndarray, cache: EmbeddingCache, scale: float = 1.0):
+    """Returns ``dtable`` of shape (V, C): rows of ``dout * scale`` summed per id (repeats
+    accumulate); with ``scale = 1``, ``functional.embedding.embedding_backward``."""
     ids, (vocab, width), dtype = cache
     dtable = np.zeros((vocab, width), dtype=dtype)
     _scatter_add_rows(dtable, ids.reshape(-1).astype(np.int64, copy=False),
-                      np.ascontiguousarray(dout, dtype=dtype).reshape(-1, width))
+                      np.ascontiguousarray(dout, dtype=dtype).reshape(-1, width),
+                      dtype.type(scale))
     return dtable

@@ -40,6 +40,9 @@ class Embeddings(Module):
     -----
     (1) e = tokens[ids]   (2) e = e * sqrt(C) (if ``embed_scale``)
     (3) e = e + PE[:T]   (sinusoidal or learned positions)   (4) x = drop(e)
+
+    With the numba backend, (1)-(3) are one pass (``kernels/embedding.py``), and the token
+    table's gradient takes the scale (2) on the way.
     """
 
     def __init__(self, config: TransformerConfig, rng: np.random.Generator) -> None:
@@ -58,12 +61,24 @@ class Embeddings(Module):
             self.positions = self.add("positions", LearnedPositions(config.max_len, width,
                                                                     dtype=dtype, rng=rng))
         self.drop = self.add("drop", Dropout(config.dropout, seed=int(rng.integers(2**32))))
+        self.fused_forward = self.fused_backward = None  # numba: (1)-(3) in one pass
+        if config.backend == "numba":
+            from ..kernels import embedding as fused  # lazy: compiles on first import
+
+            self.fused_forward = fused.embeddings_forward
+            self.fused_backward = fused.embedding_backward
+        self.cache = None
 
     def forward(self, tokens: np.ndarray) -> np.ndarray:
         """tokens : int (B, T) -> x : (B, T, C)."""
         tokens = check_ids("tokens", tokens, self.vocab)
         if tokens.ndim != 2:
             raise ValueError(f"tokens must have shape (B, T), got {tokens.shape}")
+        if self.fused_forward is not None:  # (1)-(3) in one pass
+            rows = None if self.positions is None else self.positions.addend(tokens.shape[1])
+            x, self.cache = self.fused_forward(tokens, self.tokens.params["table"], self.scale,
+                                               rows)
+            return self.drop(x)  # (4)
         x = self.tokens(tokens) * self.scale  # (1), (2)
         if self.positions is not None:
             x = self.positions(x)  # (3)
@@ -74,6 +89,9 @@ class Embeddings(Module):
         dx = self.drop.backward(dx)  # (4)
         if self.positions is not None:
             dx = self.positions.backward(dx)  # (3)
+        if self.fused_backward is not None:  # (2), (1)
+            self.tokens.grads["table"] += self.fused_backward(dx, self.cache, self.scale)
+            return
         self.tokens.backward(dx * self.scale)  # (2), (1)
 
     # --- incremental decoding (inference only, no backward) ---

@@ -13,11 +13,15 @@ from ..functional.positional import sinusoidal_table
 from .module import Module
 
 
+def _check_rows(length: int, max_len: int) -> None:
+    if length > max_len:
+        raise ValueError(f"sequence length {length} exceeds the position table's "
+                         f"max_len {max_len}")
+
+
 def _check_length(x: np.ndarray, max_len: int, width: int) -> None:
     check_float("x", x, ndim=3)
-    if x.shape[1] > max_len:
-        raise ValueError(f"sequence length {x.shape[1]} exceeds the position table's "
-                         f"max_len {max_len}")
+    _check_rows(x.shape[1], max_len)
     if x.shape[2] != width:
         raise ValueError(f"x has width {x.shape[2]} (shape {x.shape}), expected {width}")
 
@@ -60,7 +64,12 @@ class SinusoidalPositions(Module):
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (B, T, C) -> x + PE[:T] : (B, T, C)."""
         _check_length(x, self.max_len, self.width)
-        return x + self.buffers["table"][: x.shape[1]]
+        return x + self.addend(x.shape[1])
+
+    def addend(self, length: int) -> np.ndarray:
+        """PE[:length], (length, C): what :meth:`forward` adds to a sequence that long."""
+        _check_rows(length, self.max_len)
+        return self.buffers["table"][:length]
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """The table is a constant: ``dx = dout``."""
@@ -98,8 +107,17 @@ class LearnedPositions(Module):
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (B, T, C) -> x + table[:T] : (B, T, C)."""
         _check_length(x, self.max_len, self.width)
-        self.cache = x.shape[1]
-        return x + self.params["table"][: self.cache]
+        return x + self.addend(x.shape[1])
+
+    def addend(self, length: int) -> np.ndarray:
+        """table[:length], (length, C): what :meth:`forward` adds to a sequence that long.
+
+        Like :meth:`forward` it keeps the length for :meth:`backward` (a caller that adds the
+        rows itself, as the numba embeddings do, then calls ``backward`` as after forward).
+        """
+        _check_rows(length, self.max_len)
+        self.cache = length
+        return self.params["table"][:length]
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """``dtable[:T] += sum_B dout`` (every sequence used the same rows); ``dx = dout``."""
