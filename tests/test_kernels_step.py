@@ -103,6 +103,29 @@ def test_rms_norm_matches_reference(shape, dtype, eps):
         assert_close(name, gf, gr, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_norm_backward_adds_a_residual_gradient_exactly(norm, dtype):
+    """``add=``: dx + add in the same pass, the very numbers of adding it afterwards (the
+    pre-LN blocks join their residual's gradient there), in both implementations."""
+    rng = np.random.default_rng(4)
+    x, g, add = (rng.standard_normal((3, 130, 16)).astype(dtype) for _ in range(3))
+    w, b = (rng.standard_normal(16).astype(dtype) for _ in range(2))
+    for module in (ref_norms, fast_norms):
+        if norm == "layer":
+            _, cache = module.layer_norm_forward(x, w, b)
+            backward = module.layer_norm_backward
+        else:
+            _, cache = module.rms_norm_forward(x, w)
+            backward = module.rms_norm_backward
+        plain, joined = backward(g, cache), backward(g, cache, add.copy())
+        np.testing.assert_array_equal(joined[0], plain[0] + add)
+        for a, c in zip(joined[1:], plain[1:], strict=True):
+            np.testing.assert_array_equal(a, c)
+    with pytest.raises(ValueError, match="add"):
+        backward(g, cache, add[:, :5])
+
+
 def test_norm_kernels_take_non_contiguous_input_and_reject_bad_input():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((6, 8, 5)).transpose(1, 0, 2)  # (8, 6, 5), not C-contiguous

@@ -112,15 +112,11 @@ class EncoderBlock(Module):
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout : (B, T, C) -> dx : (B, T, C)."""
-        if self.norm_first:
+        if self.norm_first:  # each norm adds the gradient that flows around its sublayer
             # (2) x2 = x1 + drop2(ffn(norm2(x1)))
-            dres = dout
-            dsub = self.norm2.backward(self.ffn.backward(self.drop2.backward(dout)))
-            dx1 = self.residual(dres, dsub)
+            dx1 = self.norm2.backward(self.ffn.backward(self.drop2.backward(dout)), add=dout)
             # (1) x1 = x + drop1(attn(norm1(x)))
-            dres = dx1
-            dsub = self.norm1.backward(self.attn.backward(self.drop1.backward(dx1)))
-            return self.residual(dres, dsub)
+            return self.norm1.backward(self.attn.backward(self.drop1.backward(dx1)), add=dx1)
         # (2) x2 = norm2(s2),  s2 = x1 + drop2(ffn(x1))
         ds2 = self.norm2.backward(dout)
         dx1 = self.residual(ds2, self.ffn.backward(self.drop2.backward(ds2)))  # residual + ffn
@@ -217,21 +213,15 @@ class DecoderBlock(Module):
 
     def backward(self, dout: np.ndarray):
         """dout : (B, T, C) -> dx (B, T, C), or ``(dx, dmemory)`` when ``cross``."""
-        if self.norm_first:
+        if self.norm_first:  # each norm adds the gradient that flows around its sublayer
             # (3) x3 = x2 + drop2(ffn(norm2(x2)))
-            dres = dout
-            dsub = self.norm2.backward(self.ffn.backward(self.drop2.backward(dout)))
-            dx = self.residual(dres, dsub)
+            dx = self.norm2.backward(self.ffn.backward(self.drop2.backward(dout)), add=dout)
             # (2) x2 = x1 + cross_drop(cross_attn(cross_norm(x1), memory))
             if self.cross:
-                dres = dx
                 dnormed, dmemory = self.cross_attn.backward(self.cross_drop.backward(dx))
-                dsub = self.cross_norm.backward(dnormed)
-                dx = self.residual(dres, dsub)
+                dx = self.cross_norm.backward(dnormed, add=dx)
             # (1) x1 = x + drop1(attn(norm1(x)))
-            dres = dx
-            dsub = self.norm1.backward(self.attn.backward(self.drop1.backward(dx)))
-            dx = self.residual(dres, dsub)
+            dx = self.norm1.backward(self.attn.backward(self.drop1.backward(dx)), add=dx)
         else:
             # (3) x3 = norm2(s3),  s3 = x2 + drop2(ffn(x2))
             ds = self.norm2.backward(dout)

@@ -237,8 +237,9 @@ class LayerNorm(Module):
         out, self.cache = self.norm_forward(x, self.params["w"], self.params["b"], self.eps)
         return out
 
-    def backward(self, dout: np.ndarray) -> np.ndarray:
-        dx, dw, db = self.norm_backward(dout, self.cache)
+    def backward(self, dout: np.ndarray, add: np.ndarray | None = None) -> np.ndarray:
+        """dout : (..., C) -> dx, or ``dx + add`` (a residual's gradient joined in the pass)."""
+        dx, dw, db = self.norm_backward(dout, self.cache, add)
         self.grads["w"] += dw
         self.grads["b"] += db
         return dx
@@ -281,8 +282,9 @@ class RMSNorm(Module):
         out, self.cache = self.norm_forward(x, self.params["w"], self.eps)
         return out
 
-    def backward(self, dout: np.ndarray) -> np.ndarray:
-        dx, dw = self.norm_backward(dout, self.cache)
+    def backward(self, dout: np.ndarray, add: np.ndarray | None = None) -> np.ndarray:
+        """dout : (..., C) -> dx, or ``dx + add`` (a residual's gradient joined in the pass)."""
+        dx, dw = self.norm_backward(dout, self.cache, add)
         self.grads["w"] += dw
         return dx
 
