@@ -71,6 +71,25 @@ def test_gemm_writes_a_row_slice_of_its_output_only(dtype):
     assert (out[:5] == 7.0).all() and (out[14:] == 7.0).all()
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("numpys_blas", [True, False])
+def test_gemm_accumulates_into_a_block_of_its_output(dtype, numpys_blas):
+    """``accumulate=True`` adds into ``out``; ``out`` may be a block of a wider array (as the
+    attention kernel's score blocks are); the entries around it stay untouched."""
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((9, 4)).astype(dtype), rng.standard_normal((6, 4)).astype(dtype)
+    fn = gemm_address(dtype) if numpys_blas else 0
+    out = rng.standard_normal((20, 12)).astype(dtype)
+    before = out.copy()
+    gemm(a, b.T, out[5:14, 3:9], fn, True)
+    want = before.copy()
+    want[5:14, 3:9] += a @ b.T
+    assert np.abs(out - want).max() <= TOL[dtype] * np.abs(want).max()
+    outside = np.ones(out.shape, bool)
+    outside[5:14, 3:9] = False
+    np.testing.assert_array_equal(out[outside], before[outside])
+
+
 def test_numpys_blas_is_found_on_the_wheels():
     if _numpy_has_ilp64_openblas():
         assert gemm_address(np.float32) != 0 and gemm_address(np.float64) != 0

@@ -104,6 +104,17 @@ def _layout(x):
 
 
 @njit(**_JIT)
+def _dot_fallback(a, b, out, accumulate):  # pragma: no cover - compiled
+    # out = a b or out += a b by Numba's np.dot, for C-contiguous a and b only (one compiled
+    # version per dtype, whatever layouts the callers of gemm pass)
+    product = np.dot(a, b)
+    if accumulate:
+        out += product
+    else:
+        out[...] = product
+
+
+@njit(**_JIT)
 def gemm(a, b, out, fn, accumulate=False):  # pragma: no cover - compiled
     # out = a b, or out += a b with accumulate.  a: (M, K), b: (K, N), out: (M, N) with
     # contiguous rows (a row and column slice of a C array will do); fn: gemm_address of their
@@ -111,11 +122,7 @@ def gemm(a, b, out, fn, accumulate=False):  # pragma: no cover - compiled
     if a.shape[1] != b.shape[0] or out.shape[0] != a.shape[0] or out.shape[1] != b.shape[1]:
         raise ValueError("gemm: shapes do not match")
     if fn == 0:
-        product = np.dot(np.ascontiguousarray(a), np.ascontiguousarray(b))
-        if accumulate:
-            out += product
-        else:
-            out[...] = product
+        _dot_fallback(np.ascontiguousarray(a), np.ascontiguousarray(b), out, accumulate)
         return
     trans_a, lda = _layout(a)
     trans_b, ldb = _layout(b)
