@@ -5,11 +5,12 @@ Each is a thin stateful shell around a pure forward/backward pair from
 ``numpy_transformer.functional``: ``forward`` stores that pair's cache, ``backward`` passes it
 back and adds the parameter gradients into ``grads``.
 
-The layers whose pair has a fused Numba twin in ``numpy_transformer.kernels`` (the embedding
-backward, LayerNorm, RMSNorm, ReLU and exact GELU) take a ``backend``, as the attention does:
-``"numpy"`` runs the readable reference, ``"numba"`` the kernel with the same contract. The
-choice is made once, in ``__init__``, and stored as the layer's ``forward``/``backward`` pair.
-``Linear`` has no kernel: its work is a BLAS matrix product either way.
+The layers whose pair has a Numba twin in ``numpy_transformer.kernels`` (Linear, whose rows
+the kernel shares out over the threads, the embedding backward, LayerNorm, RMSNorm and exact
+GELU; the whole ReLU feed-forward network is one kernel) take a ``backend``, as the attention
+does: ``"numpy"`` runs the readable reference, ``"numba"`` the kernel with the same contract.
+The choice is made once, in ``__init__``, and stored as the layer's ``forward``/``backward``
+pair.
 """
 
 from __future__ import annotations
