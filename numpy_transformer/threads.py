@@ -13,8 +13,8 @@ a training step of the chapter's model took 242 ms with both pools on 2 threads 
   run time, without the environment variable that only works before NumPy is imported. The
   command line runs BLAS on one thread; library users on the numba backend should too.
 * :func:`blas_on_calling_thread` is what the kernels use around their calls: NumPy's BLAS,
-  which the kernels call, and SciPy's, behind Numba's ``np.dot`` (the kernels' fallback), run
-  each call on the thread that makes it.
+  which the kernels call, and SciPy's (their fallback, and Numba's ``np.dot``), run each call
+  on the thread that makes it.
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def _openblas_thread_functions() -> tuple:
     """``(get, set)`` pairs for the thread counts of the BLAS libraries the kernels call.
 
     * NumPy's, which ``kernels/blas.py`` calls for the kernels' products.
-    * SciPy's, behind Numba's ``np.dot`` (their fallback where NumPy's is not an ILP64
-      OpenBLAS): Numba calls the BLAS of ``scipy.linalg.cython_blas``.
+    * SciPy's, the one of ``scipy.linalg.cython_blas``: their fallback where NumPy's is not
+      an ILP64 OpenBLAS, and what Numba's ``np.dot`` calls.
 
     The wheels of both ship OpenBLAS, which runs each call on its own pool of threads. Called
     from both of our parallel loop's threads at once, those calls queue for the one pool: on 2

@@ -13,13 +13,15 @@ only the parts of a causal score block that are visible, ``kernels/attention.py`
 * ``gemm(a, b, out, fn, accumulate=False)``: ``out = a @ b`` (``out += a @ b`` with
   ``accumulate``). ``a`` and ``b`` are 2-D with unit stride along one axis (C-contiguous, a
   slice of such an array, or a transpose of either); ``out`` has contiguous rows (a slice of
-  a C-contiguous array). ``fn`` is :func:`gemm_address` of the dtype, or 0 for Numba's
-  ``np.dot`` (with a copy of each operand and of the result: correct, not fast).
+  a C-contiguous array). ``fn`` is :func:`gemm_address` of the dtype.
 
 The address is an argument, not a constant compiled into the kernel, so that kernels cached
 on disk stay valid in the next process, where the library is loaded at another address. A
-NumPy built on another BLAS (MKL, Accelerate, a 32-bit-integer OpenBLAS) gives address 0:
-the kernels then use ``np.dot``, as before.
+NumPy built on another BLAS (MKL, Accelerate, a 32-bit-integer OpenBLAS) has no such
+function; ``gemm_address`` then gives minus the address of SciPy's Fortran ``?gemm`` (the
+function behind Numba's ``np.dot``), which ``gemm`` calls instead. (A fallback through
+``np.dot`` itself doubled the kernels' first compilation, 29 -> 49 s: Numba compiled its
+whole implementation into every product of the parallel kernels.)
 
 Numba's on-disk cache tracks each compiled function's own source file only, and the kernels
 compile ``gemm`` into themselves: after editing this file delete
@@ -34,11 +36,13 @@ import functools
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.extending import intrinsic
+from numba.core import cgutils
+from numba.extending import get_cython_function_address, intrinsic
 
 from ..threads import numpy_extension_path
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # CBLAS's enums
+_CHAR = (ord("N"), ord("T"))  # the Fortran interface's, for _NO_TRANS and _TRANS
 _JIT = dict(cache=True, nogil=True)
 # NumPy's wheels ship OpenBLAS with 64-bit integers (ILP64), its symbols suffixed "64_";
 # the call below passes 64-bit integers, so only such symbols are accepted
@@ -46,24 +50,39 @@ _SYMBOLS = {np.dtype(np.float32): ("scipy_cblas_sgemm64_", "cblas_sgemm64_"),
             np.dtype(np.float64): ("scipy_cblas_dgemm64_", "cblas_dgemm64_")}
 
 
-@functools.cache
-def gemm_address(dtype) -> int:
-    """Address of NumPy's 64-bit-integer ``cblas_sgemm`` (float32) or ``cblas_dgemm``
-    (float64), or 0 when there is none (another BLAS, another dtype).
-
-    Symbols are looked up through NumPy's extension module, whose dependencies include its
-    BLAS (``dlsym`` semantics).
-    """
-    names = _SYMBOLS.get(np.dtype(dtype), ())
+def _numpy_cblas(dtype) -> int:
+    """Address of NumPy's 64-bit-integer ``cblas_?gemm`` for dtype, or 0. Symbols are looked
+    up through NumPy's extension module, whose dependencies include its BLAS (``dlsym``)."""
     try:
         lib = ctypes.CDLL(numpy_extension_path())
     except (AttributeError, OSError):
         return 0
-    for name in names:
+    for name in _SYMBOLS.get(np.dtype(dtype), ()):
         fn = getattr(lib, name, None)
         if fn is not None:
             return ctypes.cast(fn, ctypes.c_void_p).value
     return 0
+
+
+def _scipy_fortran(dtype) -> int:
+    """Address of SciPy's Fortran ``?gemm`` (32-bit integers, the BLAS behind Numba's np.dot)
+    for dtype, or 0."""
+    name = {np.dtype(np.float32): "sgemm", np.dtype(np.float64): "dgemm"}.get(np.dtype(dtype))
+    if name is None:
+        return 0
+    try:
+        return get_cython_function_address("scipy.linalg.cython_blas", name)
+    except (ImportError, ValueError):
+        return 0
+
+
+@functools.cache
+def gemm_address(dtype, numpys: bool = True) -> int:
+    """What :func:`gemm` calls for arrays of ``dtype``: the address of NumPy's
+    ``cblas_?gemm`` (positive), else minus that of SciPy's Fortran ``?gemm`` (negative), or 0
+    for a dtype neither has. ``numpys=False`` skips NumPy's (for the tests of the other)."""
+    fn = _numpy_cblas(dtype) if numpys else 0
+    return fn if fn else -_scipy_fortran(dtype)
 
 
 @intrinsic
@@ -91,6 +110,41 @@ def _cblas_gemm(typingctx, fn, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
     return sig, codegen
 
 
+@intrinsic
+def _fortran_gemm(typingctx, fn, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                  ldc):
+    # ?gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) of the Fortran
+    # interface (column major, every argument by reference, 32-bit integers, the transposes
+    # as the characters "N" or "T"), the function at address fn; a, b, c are addresses
+    sig = types.void(types.int64, types.int64, types.int64, types.int64, types.int64,
+                     types.int64, alpha, types.uintp, types.int64, types.uintp, types.int64,
+                     alpha, types.uintp, types.int64)
+
+    def codegen(context, builder, signature, args):
+        i8, i32 = ir.IntType(8), ir.IntType(32)
+        real = context.get_value_type(signature.args[6])
+        ptr = real.as_pointer()
+        fn, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc = args
+
+        def ref(value, kind):  # a stack slot holding value, for the by-reference call
+            slot = cgutils.alloca_once(builder, kind)
+            builder.store(value, slot)
+            return slot
+
+        chars = [ref(builder.trunc(t, i8), i8) for t in (trans_a, trans_b)]
+        ints = [ref(builder.trunc(x, i32), i32) for x in (m, n, k, lda, ldb, ldc)]
+        fnty = ir.FunctionType(ir.VoidType(), [i8.as_pointer()] * 2 + [i32.as_pointer()] * 3
+                               + [ptr, ptr, i32.as_pointer(), ptr, i32.as_pointer(), ptr, ptr,
+                                  i32.as_pointer()])
+        builder.call(builder.inttoptr(fn, fnty.as_pointer()),
+                     [*chars, *ints[:3], ref(alpha, real), builder.inttoptr(a, ptr), ints[3],
+                      builder.inttoptr(b, ptr), ints[4], ref(beta, real),
+                      builder.inttoptr(c, ptr), ints[5]])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @njit(**_JIT)
 def _layout(x):
     # (CBLAS transpose flag, leading dimension) of a 2-D operand whose rows (row major) or
@@ -104,31 +158,24 @@ def _layout(x):
 
 
 @njit(**_JIT)
-def _dot_fallback(a, b, out, accumulate):  # pragma: no cover - compiled
-    # out = a b or out += a b by Numba's np.dot, for C-contiguous a and b only (one compiled
-    # version per dtype, whatever layouts the callers of gemm pass)
-    product = np.dot(a, b)
-    if accumulate:
-        out += product
-    else:
-        out[...] = product
-
-
-@njit(**_JIT)
 def gemm(a, b, out, fn, accumulate=False):  # pragma: no cover - compiled
     # out = a b, or out += a b with accumulate.  a: (M, K), b: (K, N), out: (M, N) with
-    # contiguous rows (a row and column slice of a C array will do); fn: gemm_address of their
-    # dtype, or 0 for Numba's np.dot, which needs a copy of each operand laid out as it wants
+    # contiguous rows (a row and column slice of a C array will do); fn: gemm_address of
+    # their dtype
     if a.shape[1] != b.shape[0] or out.shape[0] != a.shape[0] or out.shape[1] != b.shape[1]:
         raise ValueError("gemm: shapes do not match")
-    if fn == 0:
-        _dot_fallback(np.ascontiguousarray(a), np.ascontiguousarray(b), out, accumulate)
-        return
     trans_a, lda = _layout(a)
     trans_b, ldb = _layout(b)
     trans_out, ldc = _layout(out)
     if trans_out != _NO_TRANS:
         raise ValueError("gemm: out must have contiguous rows")
-    _cblas_gemm(fn, trans_a, trans_b, out.shape[0], out.shape[1], a.shape[1],
-                out.dtype.type(1), a.ctypes.data, lda, b.ctypes.data, ldb,
-                out.dtype.type(1 if accumulate else 0), out.ctypes.data, ldc)
+    one, beta = out.dtype.type(1), out.dtype.type(1 if accumulate else 0)
+    if fn > 0:  # NumPy's CBLAS, row major
+        _cblas_gemm(fn, trans_a, trans_b, out.shape[0], out.shape[1], a.shape[1], one,
+                    a.ctypes.data, lda, b.ctypes.data, ldb, beta, out.ctypes.data, ldc)
+    elif fn < 0:  # SciPy's Fortran gemm, column major: out^T = b^T a^T
+        _fortran_gemm(-fn, _CHAR[trans_b - _NO_TRANS], _CHAR[trans_a - _NO_TRANS],
+                      out.shape[1], out.shape[0], a.shape[1], one, b.ctypes.data, ldb,
+                      a.ctypes.data, lda, beta, out.ctypes.data, ldc)
+    else:
+        raise ValueError("gemm: no BLAS for this dtype")
