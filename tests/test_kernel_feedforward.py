@@ -9,9 +9,9 @@ upstream gradients; a gradcheck of the module on the kernel and a negative contr
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import pytest
+from _kernel_helpers import TOL, multi_thread, rel_err
 from _nn_helpers import assert_gradcheck
 
 from numpy_transformer.functional import linear as ref
@@ -19,16 +19,6 @@ from numpy_transformer.functional.activations import relu_backward, relu_forward
 from numpy_transformer.gradcheck import check_module
 from numpy_transformer.kernels import feedforward as fused
 from numpy_transformer.nn import FeedForward
-
-TOL = {np.float64: 1e-12, np.float32: 1e-5}
-multi_thread = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
-                                  reason="the kernel runs on two threads or more")
-
-
-def rel_err(a, b) -> float:
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 def _problem(shape, f, dtype, seed=0):

@@ -295,23 +295,21 @@ def _full_keys(k_hi, i0, t_q, t_k, causal):
 
 
 @njit(**_JIT)
-def _piece_end(j0, full, k_hi, d, n):
-    # the end of the piece of keys that starts at j0, for products of a block of n queries
-    # and head width d
-    if j0 < full:
-        return min(full, j0 + _key_piece(d, n))
-    return min(k_hi, j0 + _DIAG_KEYS)
+def _next_piece(j0, k_hi, i0, n, d, t_q, t_k, causal):
+    # (j1, r0): the piece of keys j0 .. j1 - 1 that starts at j0, and the first of the
+    # block's n queries to see any of them; products of head width d
+    full = _full_keys(k_hi, i0, t_q, t_k, causal)
+    j1 = min(full, j0 + _key_piece(d, n)) if j0 < full else min(k_hi, j0 + _DIAG_KEYS)
+    return j1, _first_row(j0, i0, n, t_q, t_k, causal)
 
 
 @njit(**_JIT)
 def _scores_t(a, b_t, out, i0, n, t_q, t_k, causal, fn):
     # out[j, r] = a[j] . b_t[:, r] where query r sees key j: the visible part of the product
     # a b_t.  a: (k_hi, D), b_t: (D, n), out: (k_hi, n), its hidden entries left as they were
-    k_hi, full = out.shape[0], _full_keys(out.shape[0], i0, t_q, t_k, causal)
     j0 = 0
-    while j0 < k_hi:
-        j1 = _piece_end(j0, full, k_hi, a.shape[1], n)
-        r0 = _first_row(j0, i0, n, t_q, t_k, causal)
+    while j0 < out.shape[0]:
+        j1, r0 = _next_piece(j0, out.shape[0], i0, n, a.shape[1], t_q, t_k, causal)
         gemm(a[j0:j1], b_t[:, r0:], out[j0:j1, r0:], fn)
         j0 = j1
 
@@ -320,11 +318,9 @@ def _scores_t(a, b_t, out, i0, n, t_q, t_k, causal, fn):
 def _keys_product(p_t, x, out, i0, n, t_q, t_k, causal, fn):
     # out = p_t x, with p_t zero where hidden (those terms are skipped).
     # p_t: (k_hi, n), x: (n, D), out: (k_hi, D)
-    k_hi, full = out.shape[0], _full_keys(out.shape[0], i0, t_q, t_k, causal)
     j0 = 0
-    while j0 < k_hi:
-        j1 = _piece_end(j0, full, k_hi, x.shape[1], n)
-        r0 = _first_row(j0, i0, n, t_q, t_k, causal)
+    while j0 < out.shape[0]:
+        j1, r0 = _next_piece(j0, out.shape[0], i0, n, x.shape[1], t_q, t_k, causal)
         gemm(p_t[j0:j1, r0:], x[r0:], out[j0:j1], fn)
         j0 = j1
 
@@ -333,12 +329,10 @@ def _keys_product(p_t, x, out, i0, n, t_q, t_k, causal, fn):
 def _queries_product(e_t, x, out, i0, n, t_q, t_k, causal, fn):
     # out = e_t^T x, summed over the pieces of keys, with e_t zero where hidden (those terms
     # are skipped).  e_t: (k_hi, n), x: (k_hi, D), out: (n, D)
-    k_hi, full = e_t.shape[0], _full_keys(e_t.shape[0], i0, t_q, t_k, causal)
     out[:] = 0.0
     j0 = 0
-    while j0 < k_hi:
-        j1 = _piece_end(j0, full, k_hi, x.shape[1], n)
-        r0 = _first_row(j0, i0, n, t_q, t_k, causal)
+    while j0 < e_t.shape[0]:
+        j1, r0 = _next_piece(j0, e_t.shape[0], i0, n, x.shape[1], t_q, t_k, causal)
         gemm(e_t[j0:j1, r0:].T, x[j0:j1], out[r0:], fn, True)
         j0 = j1
 

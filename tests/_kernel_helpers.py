@@ -1,0 +1,20 @@
+"""Shared by the tests of the row-chunked kernels (``kernels/linear.py``,
+``kernels/feedforward.py``): tolerances, the relative error, the two-thread marker."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+TOL = {np.float64: 1e-12, np.float32: 1e-5}  # kernel against reference, relative
+# the chunked kernels run only on two threads or more (on one, the reference runs)
+multi_thread = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
+                                  reason="the kernel runs on two threads or more")
+
+
+def rel_err(a, b) -> float:
+    """max |a - b| relative to the largest |b|, in float64; the shapes must agree."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float(np.abs(a - b).max() / np.abs(b).max())
