@@ -62,7 +62,8 @@ def run_ours(backend: str, steps: int) -> dict:
 
     def make():
         model = EncoderClassifier(config(backend))
-        opt = AdamW(lr=LR, weight_decay=0.01, decay=lambda name, p: True)  # torch's default
+        opt = AdamW(lr=LR, weight_decay=0.01, decay=lambda name, p: True,  # torch's default
+                backend=backend)
         return model, Trainer(model, opt, constant_lr(LR), clip=None)
 
     _, warm = make()

@@ -88,7 +88,7 @@ def _ours_step(config: dict, backend: str, threads: int):
     numba.set_num_threads(threads)
     reuse_freed_memory()  # as the command line does (numpy_transformer/allocator.py)
     model = DecoderLM(TransformerConfig(**config["model"], dtype="float32", backend=backend))
-    trainer = Trainer(model, Adam(lr=1e-3), constant_lr(1e-3), clip=1.0)
+    trainer = Trainer(model, Adam(lr=1e-3, backend=backend), constant_lr(1e-3), clip=1.0)
     data = [Batch((np.asarray(x),), np.asarray(y)) for x, y in _batches(config)]
 
     def step(i: int) -> float:

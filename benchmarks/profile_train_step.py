@@ -6,13 +6,14 @@ Usage (from the repository root)::
     python benchmarks/profile_train_step.py --config small --threads 2   # Numba threads
     python benchmarks/profile_train_step.py --cprofile       # also the top of cProfile
 
-Every forward/backward of the step's pieces is wrapped in a timer (``time.perf_counter``):
-the linear layers (all of them: attention projections, FFN, head; with the numba backend a
-ReLU FFN is one kernel, counted here whole), the attention core, the head split/merge copies,
-the norms, the activation, the embedding and positions, the loss, clipping and Adam. "rest" is
-the step's time minus all of these: residual additions, zeroing the gradients, Python. The
-wrappers add a few microseconds per call. Both backends are timed in this one process,
-alternating step by step, so a change in load hits both alike.
+Every operation of the two backends (``numpy_transformer.backend``) is wrapped in a timer
+(``time.perf_counter``) and counted under its component: the linear layers (all of them:
+attention projections, FFN, head; a ReLU FFN is one operation, counted here whole), the
+attention core, the head split/merge copies, the norms, the activation, the embedding and
+positions, the residual additions, the loss, clipping and Adam. "rest" is the step's time minus
+all of these: zeroing the gradients, Python. The wrappers add a few microseconds per call.
+Both backends are timed in this one process, alternating step by step, so a change in load
+hits both alike.
 """
 
 from __future__ import annotations
@@ -34,12 +35,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train_step import CONFIGS, _batches  # noqa: E402
 
+from numpy_transformer import backend as backend_module  # noqa: E402
 from numpy_transformer import optim, schedules, train  # noqa: E402
 from numpy_transformer.allocator import reuse_freed_memory  # noqa: E402
-from numpy_transformer.nn import DecoderLM, TransformerConfig, layers, models, positional  # noqa: E402
+from numpy_transformer.nn import DecoderLM, TransformerConfig  # noqa: E402
 from numpy_transformer.nn import attention as nn_attention  # noqa: E402
 
 TOTALS: dict[str, float] = defaultdict(float)
+COMPONENTS = {  # the first prefix an operation's name starts with names its component
+    "linear": "linear", "relu_ffn": "linear", "sdpa": "attention core",
+    "layer_norm": "norm", "rms_norm": "norm", "embedding": "embedding + positions",
+    "relu": "activation", "gelu": "activation", "swiglu": "activation",
+    "add_into": "residual", "cross_entropy": "cross-entropy",
+}
 
 
 def timed(name: str, fn):
@@ -52,40 +60,21 @@ def timed(name: str, fn):
     return wrapper
 
 
-def instrument_classes() -> None:
-    """Wrap the layers' methods and the attention's module-level functions in timers (once)."""
+def instrument() -> None:
+    """Build both backends with every operation timed, and the head split/merge copies."""
     nn_attention.split_heads = timed("split/merge heads", nn_attention.split_heads)
     nn_attention.merge_heads = timed("split/merge heads", nn_attention.merge_heads)
-    for cls, name in ((layers.LayerNorm, "norm"),
-                      (layers.RMSNorm, "norm"), (layers.Embedding, "embedding + positions"),
-                      (positional.SinusoidalPositions, "embedding + positions"),
-                      (positional.LearnedPositions, "embedding + positions")):
-        cls.forward = timed(name, cls.forward)
-        cls.backward = timed(name, cls.backward)
-
-
-def instrument(model) -> None:
-    """Wrap the pairs each instance chose at construction (linear, attention core, activation)."""
-    stack = [model]
-    while stack:
-        m = stack.pop()
-        stack.extend(m.children.values())
-        if hasattr(m, "affine_forward"):  # Linear, TiedOutput, MultiHeadAttention
-            m.affine_forward = timed("linear", m.affine_forward)
-            m.affine_backward = timed("linear", m.affine_backward)
-        if isinstance(m, nn_attention.MultiHeadAttention):
-            m.heads_forward = timed("linear", m.heads_forward)  # the stacked q, k, v products
-            m.sdpa_forward = timed("attention core", m.sdpa_forward)
-            m.sdpa_backward = timed("attention core", m.sdpa_backward)
-        if isinstance(m, models.Embeddings) and m.fused_forward is not None:
-            m.fused_forward = timed("embedding + positions", m.fused_forward)  # (1)-(3) at once
-            m.fused_backward = timed("embedding + positions", m.fused_backward)
-        if isinstance(m, layers.FeedForward) and m.fused_forward is not None:
-            m.fused_forward = timed("linear", m.fused_forward)  # both products and the ReLU
-            m.fused_backward = timed("linear", m.fused_backward)
-        elif isinstance(m, layers.FeedForward) and hasattr(m, "act_forward"):
-            m.act_forward = timed("activation", m.act_forward)
-            m.act_backward = timed("activation", m.act_backward)
+    build = backend_module._build
+    timed_backends = {}
+    for name in ("numpy", "numba"):
+        ops = dict(vars(build(name)))
+        for op, fn in ops.items():
+            component = next((c for prefix, c in COMPONENTS.items() if op.startswith(prefix)),
+                             None)
+            if component is not None and callable(fn):
+                ops[op] = timed(component, fn)
+        timed_backends[name] = backend_module.Backend(**ops)
+    backend_module._build = timed_backends.__getitem__  # get_backend's every call
 
 
 def main() -> None:
@@ -98,21 +87,14 @@ def main() -> None:
     numba.set_num_threads(args.threads)
     reuse_freed_memory()  # as the command line does (numpy_transformer/allocator.py)
     config = CONFIGS[args.config]
-    instrument_classes()
-    original_loss_backend = train.loss_backend
-
-    def loss_backend(name):
-        f, b = original_loss_backend(name)
-        return timed("cross-entropy", f), timed("cross-entropy", b)
-
-    train.loss_backend = loss_backend
+    instrument()
     train.clip_grad_norm = timed("clip", train.clip_grad_norm)
     optim.Adam.step = timed("adam", optim.Adam.step)
     trainers, totals = {}, {}
     for backend in ("numpy", "numba"):
         model = DecoderLM(TransformerConfig(**config["model"], dtype="float32", backend=backend))
-        instrument(model)
-        trainers[backend] = train.Trainer(model, optim.Adam(lr=1e-3), schedules.constant_lr(1e-3))
+        trainers[backend] = train.Trainer(model, optim.Adam(lr=1e-3, backend=backend),
+                                          schedules.constant_lr(1e-3))
         totals[backend] = defaultdict(float)
     data = [train.Batch((x,), y) for x, y in _batches(config)]
     for i in range(3):  # warm-up (loads the compiled kernels)
@@ -127,7 +109,7 @@ def main() -> None:
             for k, v in TOTALS.items():
                 totals[backend][k] += v / args.steps
     names = ["linear", "attention core", "split/merge heads", "norm", "activation",
-             "embedding + positions", "cross-entropy", "clip", "adam"]
+             "embedding + positions", "residual", "cross-entropy", "clip", "adam"]
     print(f"config {args.config}, {args.threads} Numba thread(s), BLAS 1, mean ms per step "
           f"over {args.steps} steps, load average {os.getloadavg()[0]:.1f}")
     print("\n| component | numpy backend (ms) | numba backend (ms) |\n|---|---:|---:|")

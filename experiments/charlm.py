@@ -81,7 +81,7 @@ def main() -> None:
         model = DecoderLM(config(tok.vocab_size, positions, backend))
         model.load_state_dict(initial, strict=True)  # paired start: the same tensors
         assert fingerprint(model.state_dict()) == init_fp
-        trainer = Trainer(model, Adam(lr=LR), constant_lr(LR), clip=CLIP)
+        trainer = Trainer(model, Adam(lr=LR, backend=backend), constant_lr(LR), clip=CLIP)
 
         def log(r, positions=positions):
             if (r.step - 1) % 250 == 0:

@@ -53,7 +53,7 @@ def main() -> None:
         vocab=DIGITS + 1, width=64, heads=4, layers=2, ffn_width=256, max_len=LENGTH,
         activation="gelu", positions="learned", dtype="float32", backend=backend,
         seed=MODEL_SEED))
-    opt = AdamW(lr=LR, weight_decay=0.01, decay=lambda name, p: True)
+    opt = AdamW(lr=LR, weight_decay=0.01, decay=lambda name, p: True, backend=backend)
     trainer = Trainer(model, opt, constant_lr(LR), clip=None)
     rng = np.random.default_rng(TRAIN_SEED)
     for _ in range(STEPS):

@@ -46,7 +46,8 @@ def build(positions: str, backend: str, seed: int) -> EncoderClassifier:
 
 def train_and_test(positions: str, backend: str, seed: int) -> dict:
     model = build(positions, backend, seed)
-    opt = AdamW(lr=LR, weight_decay=0.01, decay=lambda name, p: True)  # torch's default
+    opt = AdamW(lr=LR, weight_decay=0.01, decay=lambda name, p: True,  # torch's default
+                backend=backend)
     trainer = Trainer(model, opt, constant_lr(LR), clip=None)
     rng = np.random.default_rng(seed)
     for _ in range(STEPS):

@@ -52,6 +52,23 @@ def check_positive(name: str, value: float, integer: bool = False) -> None:
         raise ValueError(f"{name} must be {kind}, got {value!r}")
 
 
+def check_choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
+    """Return ``value`` if it is one of ``allowed``, else raise ``ValueError`` listing them.
+
+    Every named choice of the library (norm, activation, positions, dtype, backend) is checked
+    here, against the lists of ``numpy_transformer.config``.
+    """
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def check_even(what: str, name: str, value: int) -> None:
+    """Raise ``ValueError`` unless ``value`` is even and at least 2 (``what`` pairs features)."""
+    if value < 2 or value % 2:
+        raise ValueError(f"{what} needs an even {name} >= 2, got {value}")
+
+
 def check_number(name: str, value: object, low: float, high: float | None = None,
                  low_open: bool = False, high_open: bool = True) -> float:
     """Return ``value`` as a float if it is a real number in the given interval."""

@@ -29,6 +29,7 @@ from pathlib import Path
 from . import __version__
 from .allocator import reuse_freed_memory
 from .checkpoint import CheckpointError
+from .config import ACTIVATIONS, BACKENDS, DEFAULT_BACKEND, DTYPES, NORMS, POSITIONS
 from .run_dir import checkpoint_path
 from .run_setup import TASKS, UsageError, model_from_checkpoint, resolve_options
 from .runs import (
@@ -156,18 +157,16 @@ def build_parser() -> Parser:
     g.add_argument("--ffn-width", type=positive_int, help="feed-forward hidden width [168]")
     g.add_argument("--context", type=positive_int, dest="max_len", metavar="T",
                    help="window length T = max_len, the size of the position table [100]")
-    g.add_argument("--norm", choices=("layernorm", "rmsnorm"), help="[layernorm]")
-    g.add_argument("--activation", choices=("relu", "gelu", "gelu_tanh", "swiglu"),
-                   help="[relu]")
-    g.add_argument("--positions", choices=("sinusoidal", "learned", "rope", "alibi", "none"),
-                   help="[sinusoidal]")
+    g.add_argument("--norm", choices=NORMS, help="[layernorm]")
+    g.add_argument("--activation", choices=ACTIVATIONS, help="[relu]")
+    g.add_argument("--positions", choices=POSITIONS, help="[sinusoidal]")
     g.add_argument("--post-ln", dest="norm_first", action="store_const", const=False,
                    help="post-LN blocks as Vaswani et al. [pre-LN]")
     g.add_argument("--dropout", type=dropout_rate, help="[0.0]")
-    g.add_argument("--dtype", choices=("float32", "float64"), help="[float32]")
-    g.add_argument("--backend", choices=("numpy", "numba"),
+    g.add_argument("--dtype", choices=DTYPES, help="[float32]")
+    g.add_argument("--backend", choices=BACKENDS,
                    help="numpy: the readable NumPy references; numba: the fused kernels "
-                        "(attention, norms, activations, loss) [numba]")
+                        f"(attention, norms, activations, loss) [{DEFAULT_BACKEND}]")
     g = t.add_argument_group("optimisation")
     g.add_argument("--optimizer", choices=("adam", "adamw"), help="[adam]")
     g.add_argument("--lr", type=positive_float, help="peak learning rate [2e-3]")

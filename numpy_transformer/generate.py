@@ -4,9 +4,10 @@ A decoder-only model turns a sequence into next-token logits. Generating ``steps
 repeats three moves: take the logits of the last position, draw a token from them
 (:func:`sample_next`), append it. Done naively every step runs the whole model over the whole
 window again; the course chapter's sampler does exactly that on its last 100 characters. With
-a **key/value cache** (``DecoderLM.forward_cached``) every attention layer keeps the keys and
-values of the positions it has already seen, so a new token costs one query row per layer and
-the logits are the same (to rounding: 1e-10 in float64, 1e-5 in float32; the tests check it).
+a **key/value cache** (``nn/decoding.py``: ``model.forward(tokens, cache=cache)``) every
+attention layer keeps the keys and values of the positions it has already seen, so a new token
+costs one query row per layer and the logits are the same (to rounding: 1e-10 in float64, 1e-5
+in float32; the tests check it).
 
 The context-window policy
 -------------------------
@@ -51,6 +52,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import check_ids
+from .nn.decoding import new_cache
 from .nn.models import DecoderLM, EncoderDecoder
 
 POLICIES = ("refill", "recompute")
@@ -237,7 +239,7 @@ class WindowedDecoder:
         self.ids = None
         self.window = 0
         self.prefills = 0
-        self.caches = None
+        self.cache = None
 
     def _encode_window(self) -> np.ndarray:
         """Logits (B, V) of ``model.forward(ids[:, -window:])`` at its last position."""
@@ -245,9 +247,8 @@ class WindowedDecoder:
         tokens = self.ids[:, -self.window:]  # (B, L)
         if not self.use_cache:
             return self.model.forward(tokens)[:, -1]
-        for cache in self.caches:
-            cache.reset()
-        return self.model.forward_cached(tokens, self.caches)[:, -1]
+        self.cache.reset()
+        return self.model.forward(tokens, cache=self.cache)[:, -1]
 
     def start(self, prompt_ids: np.ndarray) -> np.ndarray:
         """Begin with ``prompt_ids`` (B, T); returns the logits (B, V) of the next token."""
@@ -255,7 +256,7 @@ class WindowedDecoder:
         self.window = self.ids.shape[1]
         self.prefills = 0
         if self.use_cache:
-            self.caches = self.model.new_caches(self.ids.shape[0])
+            self.cache = new_cache(self.model, self.ids.shape[0])
         return self._encode_window()
 
     def append(self, next_ids: np.ndarray) -> np.ndarray:
@@ -268,7 +269,7 @@ class WindowedDecoder:
         self.window += 1
         if not self.use_cache:
             return self._encode_window()
-        return self.model.forward_cached(next_ids, self.caches)[:, -1]  # one new row
+        return self.model.forward(next_ids, cache=self.cache)[:, -1]  # one new row
 
 
 # ---------------------------------------------------------------------- generation
@@ -404,13 +405,11 @@ def generate_seq2seq(model: EncoderDecoder, src_ids, start_ids, steps: int,
     was_training = model.training
     model.eval()
     try:
-        if use_cache:
-            memory_kv, memory_mask = model.encode_memory(src, src_lengths)
-            caches = model.new_caches(src.shape[0])
-            new = tgt  # prefill with the start tokens
+        cache = new_cache(model, src.shape[0]) if use_cache else None
+        new = tgt  # with the cache: prefill with the start tokens, then one token per step
         for _ in range(steps):
             if use_cache:
-                logits = model.forward_cached(new, caches, memory_kv, memory_mask)[:, -1]
+                logits = model.forward(src, new, src_lengths, cache=cache)[:, -1]
             else:
                 logits = model.forward(src, tgt, src_lengths)[:, -1]  # (B, V)
             new = sample_next(logits, rng, temperature, top_k, top_p, greedy)[:, None]

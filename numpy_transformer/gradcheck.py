@@ -144,6 +144,24 @@ def check_op(forward: Callable, backward: Callable, inputs: dict[str, np.ndarray
     return report
 
 
+def zero_gradient_names(module, prefix: str = "") -> set[str]:
+    """Dotted names of parameters whose true gradient is exactly zero: key biases without RoPE.
+
+    The key bias ``bk`` adds ``q . bk`` to every score of a query row: the same number across
+    the row, which softmax ignores. Its gradient is therefore exactly zero, and a gradient
+    check must judge it by absolute error (both sides are rounding noise). With RoPE the bias
+    is rotated differently at each key position, and the gradient is real.
+    """
+    from .nn import MultiHeadAttention  # gradcheck works on any op without the modules
+
+    names = set()
+    if isinstance(module, MultiHeadAttention) and not module.rope:
+        names.add(prefix + "bk")
+    for name, child in getattr(module, "children", {}).items():
+        names |= zero_gradient_names(child, prefix + name + ".")
+    return names
+
+
 def _module_call(module, inputs: dict[str, np.ndarray], g: np.ndarray | None, kwargs: dict):
     """Forward, then (when ``g`` is given) zero the grads and run backward. Returns out, dinputs."""
     out = module.forward(*inputs.values(), **kwargs)
@@ -170,8 +188,7 @@ def check_module(module, inputs: dict[str, np.ndarray], *, seed: int = 0, h: flo
     expect_zero : set of str, optional
         Parameters whose true gradient is exactly zero, judged by absolute error instead (a
         relative error of rounding noise against rounding noise means nothing). Default: the
-        key biases of attentions without RoPE, see
-        :func:`numpy_transformer.nn.attention.zero_gradient_names`.
+        key biases of attentions without RoPE, see :func:`zero_gradient_names`.
     **kwargs
         Passed to ``forward`` (masks, a training flag, ...).
 
@@ -191,7 +208,6 @@ def check_module(module, inputs: dict[str, np.ndarray], *, seed: int = 0, h: flo
         return float((module.forward(*inputs.values(), **kwargs) * g).sum())
 
     if expect_zero is None:
-        from .nn.attention import zero_gradient_names
         expect_zero = zero_gradient_names(module)
     report = GradcheckReport(title or type(module).__name__)
     for (name, x), dx in zip(floats.items(), dinputs, strict=False):

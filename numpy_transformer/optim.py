@@ -14,10 +14,11 @@ where ``schedule`` is a learning-rate schedule from :mod:`numpy_transformer.sche
 
 The update arithmetic follows ``torch.optim.Adam`` / ``torch.optim.AdamW`` operation by
 operation (same order, same rounding points), so a run agrees with PyTorch to float precision.
-Two implementations of the same update: :func:`adam_update_numpy` here, the readable
-reference, and the Numba kernel of ``kernels/adam.py``, one loop that reads and writes each
-element once (one pass over memory instead of about a dozen) and updates all the parameters of
-a model in one parallel call. The tests check they agree bit for bit.
+It is an operation of the optimiser's backend (``numpy_transformer.backend``):
+``adam_update_group``, the readable reference of ``functional/adam.py`` or the Numba kernel of
+``kernels/adam.py``, one loop that reads and writes each element once (one pass over memory
+instead of about a dozen) and updates all the parameters of a model in one parallel call. The
+tests check they agree bit for bit.
 
 References
 ----------
@@ -35,9 +36,10 @@ from collections.abc import Callable, Iterable, Mapping
 import numpy as np
 
 from ._checks import check_float, check_number
-from .kernels.adam import ParameterSet, adam_update_numba
+from .backend import Backend, get_backend
+from .config import DEFAULT_BACKEND
 
-__all__ = ["clip_grad_norm", "Adam", "AdamW", "adam_update_numpy", "adam_update_numba"]
+__all__ = ["clip_grad_norm", "Adam", "AdamW"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -98,48 +100,6 @@ def clip_grad_norm(grads: Mapping[str, np.ndarray], max_norm: float) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# The Adam update: NumPy reference and fused numba kernel, same arguments, same arithmetic
-# --------------------------------------------------------------------------------------------
-
-def adam_update_numpy(p, g, m, v, scratch, decay, l2, w1, beta2, w2, bc2_sqrt, eps, neg_step):
-    """One Adam/AdamW update of one parameter, in place, with NumPy: the readable reference.
-
-    Parameters
-    ----------
-    p, m, v : ndarray, same shape and dtype
-        Parameter, first moment, second moment; all updated in place.
-    g : ndarray, same shape and dtype
-        Gradient; read only.
-    scratch : ndarray, same shape and dtype
-        Work space, overwritten. Passing it in keeps the step free of allocations.
-    decay, l2, w1, beta2, w2, bc2_sqrt, eps, neg_step : scalars of the parameter's dtype
-        ``decay = 1 - lr * wd`` (AdamW, else 1), ``l2 = wd`` (Adam, else 0),
-        ``w1 = 1 - beta1``, ``w2 = 1 - beta2``, ``bc2_sqrt = sqrt(1 - beta2**t)``,
-        ``neg_step = -lr / (1 - beta1**t)``. See :class:`Adam` for the equations.
-    """
-    if l2 != 0:  # (0) Adam's coupled L2 term joins the gradient: g = g + wd * p
-        g = g + l2 * p  # a temporary only on this rarely used path
-    if decay != 1:  # (1) AdamW: p = p * (1 - lr * wd)
-        p *= decay
-    np.subtract(g, m, out=scratch)  # (2) m = m + (1 - beta1) (g - m)   [torch: m.lerp_(g, w1)]
-    scratch *= w1
-    m += scratch
-    np.multiply(g, w2, out=scratch)  # (3) v = beta2 v + (1 - beta2) g g   [torch: addcmul_]
-    scratch *= g
-    v *= beta2
-    v += scratch
-    np.sqrt(v, out=scratch)  # (4) denom = sqrt(v) / sqrt(1 - beta2**t) + eps
-    scratch /= bc2_sqrt
-    scratch += eps
-    np.divide(m, scratch, out=scratch)  # (5) p = p - lr / (1 - beta1**t) * m / denom
-    scratch *= neg_step
-    p += scratch
-
-
-_KERNELS = {"numpy": adam_update_numpy, "numba": adam_update_numba}
-
-
-# --------------------------------------------------------------------------------------------
 # Adam and AdamW
 # --------------------------------------------------------------------------------------------
 
@@ -165,8 +125,9 @@ class Adam:
     decay : callable (name, param) -> bool, or iterable of names, optional
         Which parameters weight decay applies to. Default :func:`decay_matrices`: only arrays
         with ``ndim >= 2`` (weight matrices, embeddings), never biases or norm gains.
-    kernel : {"numba", "numpy"}, default "numba"
-        The fused numba loop or the NumPy reference; both compute the same numbers.
+    backend : str or Backend, default ``config.DEFAULT_BACKEND``
+        Where ``adam_update_group`` comes from: the NumPy reference or the fused numba loop;
+        both compute the same numbers. Pass the model's (``config.backend``).
 
     Attributes
     ----------
@@ -177,7 +138,8 @@ class Adam:
 
     Notes
     -----
-    Per parameter, with g its gradient and t the step counter after ``t += 1``::
+    Per parameter, with g its gradient and t the step counter after ``t += 1``
+    (``functional/adam.py`` does the arithmetic)::
 
         (0) g = g + wd * p                          Adam only (L2 in the gradient)
         (1) p = p * (1 - lr * wd)                   AdamW only (decoupled decay)
@@ -199,7 +161,8 @@ class Adam:
     def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0,
                  decay: Callable[[str, np.ndarray], bool] | Iterable[str] | None = None,
-                 kernel: str = "numba") -> None:
+                 backend: str | Backend = DEFAULT_BACKEND) -> None:
+        self.ops = get_backend(backend)
         self.lr = check_number("lr", lr, 0.0)
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
@@ -215,18 +178,13 @@ class Adam:
                                  f"string {decay!r} (wrap a single name in a set)")
             decay = frozenset(decay)
         self.decay = decay
-        if kernel not in _KERNELS:
-            raise ValueError(f"kernel must be one of {sorted(_KERNELS)}, got {kernel!r}")
-        self.kernel = kernel
         self.t = 0
         self.m: dict[str, np.ndarray] = {}
         self.v: dict[str, np.ndarray] = {}
-        self._scratch: dict[np.dtype, np.ndarray] = {}  # one flat work buffer per dtype
-        self._sets = None  # (identity of the arrays, their ParameterSets): numba kernel
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(lr={self.lr}, betas={self.betas}, eps={self.eps}, "
-                f"weight_decay={self.weight_decay}, kernel={self.kernel!r}, t={self.t})")
+                f"weight_decay={self.weight_decay}, backend={self.ops.name!r}, t={self.t})")
 
     def decays(self, name: str, p: np.ndarray) -> bool:
         """Whether weight decay applies to parameter ``name``."""
@@ -258,12 +216,6 @@ class Adam:
             if self.m and (self.m[name].shape != p.shape or self.m[name].dtype != p.dtype):
                 raise ValueError(f"optimiser state for {name!r} is {self.m[name].dtype} "
                                  f"{self.m[name].shape} but the parameter is {p.dtype} {p.shape}")
-
-    def _scratch_like(self, p: np.ndarray) -> np.ndarray:
-        buf = self._scratch.get(p.dtype)
-        if buf is None or buf.size < p.size:
-            buf = self._scratch[p.dtype] = np.empty(p.size, dtype=p.dtype)
-        return buf[:p.size].reshape(p.shape)
 
     def step(self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray],
              lr: float | None = None) -> None:
@@ -302,38 +254,16 @@ class Adam:
         decay = {name: 1.0 - lr * wd if self.decoupled else 1.0 for name, wd in wds.items()}
         l2 = {name: 0.0 if self.decoupled else wd for name, wd in wds.items()}
 
-        def shared(f):  # the scalars every parameter shares, in its dtype
-            return (f(1.0 - beta1), f(beta2), f(1.0 - beta2), f(bc2_sqrt), f(self.eps),
-                    f(neg_step))
-
-        if self.kernel == "numba" and all(p.flags.c_contiguous and grads[n].flags.c_contiguous
-                                          for n, p in params.items()):
-            for names, group in self._parameter_sets(params, grads):
-                f = group.dtype.type
-                group.update(np.array([decay[n] for n in names], group.dtype),
-                             np.array([l2[n] for n in names], group.dtype), *shared(f))
-            return
-        update = _KERNELS[self.kernel]
+        by_dtype: dict[np.dtype, list[str]] = {}
         for name, p in params.items():
-            f = p.dtype.type
-            update(p, grads[name], self.m[name], self.v[name], self._scratch_like(p),
-                   f(decay[name]), f(l2[name]), *shared(f))
-
-    def _parameter_sets(self, params: Mapping[str, np.ndarray],
-                        grads: Mapping[str, np.ndarray]) -> list:
-        """``[(names, ParameterSet)]``, one per dtype, for the numba kernel. Kept from step
-        to step while every array is the same object (the views write through to them)."""
-        key = tuple((n, id(p), id(grads[n]), id(self.m[n]), id(self.v[n]))
-                    for n, p in params.items())
-        if self._sets is None or self._sets[0] != key:
-            by_dtype: dict[np.dtype, list[str]] = {}
-            for n, p in params.items():
-                by_dtype.setdefault(p.dtype, []).append(n)
-            self._sets = key, [(names, ParameterSet(
+            by_dtype.setdefault(p.dtype, []).append(name)
+        for dtype, names in by_dtype.items():  # one call per dtype, scalars in that dtype
+            f = dtype.type
+            self.ops.adam_update_group(
                 [params[n] for n in names], [grads[n] for n in names],
-                [self.m[n] for n in names], [self.v[n] for n in names]))
-                for names in by_dtype.values()]
-        return self._sets[1]
+                [self.m[n] for n in names], [self.v[n] for n in names],
+                np.array([decay[n] for n in names], dtype), np.array([l2[n] for n in names], dtype),
+                f(1.0 - beta1), f(beta2), f(1.0 - beta2), f(bc2_sqrt), f(self.eps), f(neg_step))
 
     def state_dict(self) -> dict:
         """The optimiser state as plain values: ints, floats and dicts of array copies.
@@ -416,5 +346,5 @@ class AdamW(Adam):
     def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2,
                  decay: Callable[[str, np.ndarray], bool] | Iterable[str] | None = None,
-                 kernel: str = "numba") -> None:
-        super().__init__(lr, betas, eps, weight_decay, decay, kernel)
+                 backend: str | Backend = DEFAULT_BACKEND) -> None:
+        super().__init__(lr, betas, eps, weight_decay, decay, backend)

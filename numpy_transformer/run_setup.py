@@ -25,6 +25,7 @@ from .checkpoint import (
     save_checkpoint,
     set_rng_states,
 )
+from .config import DEFAULT_BACKEND
 from .data import (
     CharTokenizer,
     fingerprint,
@@ -91,7 +92,7 @@ def resolve_options(task: str, given: dict) -> tuple[dict, dict]:
     if task not in TASKS:
         raise UsageError(f"--task must be one of {TASKS}, got {task!r}")
     kind = "lm" if task == "lm" else "task"
-    model = dict(MODEL_DEFAULTS[kind], backend="numba", dtype="float32")
+    model = dict(MODEL_DEFAULTS[kind], backend=DEFAULT_BACKEND, dtype="float32")
     if task == "reverse":
         model["max_len"] = 8
     train = dict(TRAIN_DEFAULTS[kind])
@@ -174,7 +175,8 @@ class Run:
                        "reverse": EncoderDecoder}[self.task]
         self.model = model_class(self.config)
         opt_class = AdamW if options["optimizer"] == "adamw" else Adam
-        self.optimizer = opt_class(lr=options["lr"], weight_decay=options["weight_decay"])
+        self.optimizer = opt_class(lr=options["lr"], weight_decay=options["weight_decay"],
+                                   backend=self.config.backend)
         self.trainer = Trainer(self.model, self.optimizer, self.lr_schedule(),
                                clip=options["clip"] or None)
         self.sample_rng = np.random.default_rng([seed, 3])

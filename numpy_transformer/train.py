@@ -23,22 +23,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .backend import Backend, get_backend
 from .data import get_batch
-from .functional import softmax as numpy_softmax
 from .optim import clip_grad_norm
-
-
-def loss_backend(name: str):
-    """``(cross_entropy_forward, cross_entropy_backward)`` of the backend ``"numpy"`` (the
-    readable reference in ``functional/softmax.py``) or ``"numba"`` (the fused kernel in
-    ``kernels/softmax.py``, same contract)."""
-    if name == "numba":
-        from .kernels import softmax as numba_softmax  # lazy: compiles on first import
-
-        return numba_softmax.cross_entropy_forward, numba_softmax.cross_entropy_backward
-    if name == "numpy":
-        return numpy_softmax.cross_entropy_forward, numpy_softmax.cross_entropy_backward
-    raise ValueError(f"backend must be one of ('numpy', 'numba'), got {name!r}")
 
 
 class Batch(NamedTuple):
@@ -81,6 +68,9 @@ class Trainer:
     stats_every : int
         Record per-tensor gradient norms and update-to-weight ratios every this many steps
         (0 = never).
+    backend : str or Backend, optional
+        Where the loss's ``cross_entropy_forward`` / ``_backward`` come from; default the
+        model's, ``model.config.backend``.
     """
 
     model: object
@@ -91,6 +81,16 @@ class Trainer:
     step_count: int = 0
     log: list[StepRecord] = field(default_factory=list)
     tensor_stats: list[dict] = field(default_factory=list)
+    backend: str | Backend | None = None
+
+    def __post_init__(self) -> None:
+        backend = self.backend
+        if backend is None:
+            if getattr(self.model, "config", None) is None:
+                raise ValueError("the model has no config to take the backend from: pass "
+                                 "Trainer(..., backend=...)")
+            backend = self.model.config.backend
+        self.ops = get_backend(backend)
 
     def named_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The model's parameters and gradients as two dicts with the same keys."""
@@ -98,17 +98,11 @@ class Trainer:
         return {n: p for n, p, _ in named}, {n: g for n, _, g in named}
 
     def loss_and_grads(self, batch: Batch) -> float:
-        """Forward, mean cross-entropy over the counted targets, and backward into the grads.
-
-        The loss runs on the model's backend (``model.config.backend``; "numpy" for a model
-        without a config).
-        """
-        backend = getattr(getattr(self.model, "config", None), "backend", "numpy")
-        loss_forward, loss_backward = loss_backend(backend)
+        """Forward, mean cross-entropy over the counted targets, and backward into the grads."""
         logits = self.model.forward(*batch.inputs)  # (B, T, V)
-        loss, cache = loss_forward(logits, batch.targets, mask=batch.mask)
+        loss, cache = self.ops.cross_entropy_forward(logits, batch.targets, mask=batch.mask)
         self.model.zero_grad()
-        self.model.backward(loss_backward(1.0, cache))
+        self.model.backward(self.ops.cross_entropy_backward(1.0, cache))
         return loss
 
     def step(self, batch: Batch) -> StepRecord:

@@ -16,7 +16,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from numpy_transformer.nn.attention import zero_gradient_names
+from numpy_transformer.gradcheck import zero_gradient_names
 
 TOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 1e-5}
 WORST: dict[tuple[str, str], tuple[float, str]] = defaultdict(lambda: (0.0, ""))

@@ -20,19 +20,23 @@ def x_of(dtype, t=T, seed=0):
     return np.random.default_rng(seed).standard_normal((B, t, C)).astype(dtype)
 
 
+REF = "numpy"  # the modules on the readable references (tests/ hold the kernels to them)
+
+
 def rng():
     return np.random.default_rng(42)
 
 
 # ----------------------------------------------------------------------------- layers
 LAYERS = {
-    "Linear": lambda d: nn.Linear(C, F, dtype=d, rng=rng()),
-    "Linear(bias=False)": lambda d: nn.Linear(C, F, bias=False, dtype=d, rng=rng()),
-    "LayerNorm": lambda d: nn.LayerNorm(C, dtype=d),
-    "RMSNorm": lambda d: nn.RMSNorm(C, dtype=d),
+    "Linear": lambda d: nn.Linear(C, F, dtype=d, rng=rng(), backend=REF),
+    "Linear(bias=False)": lambda d: nn.Linear(C, F, bias=False, dtype=d, rng=rng(), backend=REF),
+    "LayerNorm": lambda d: nn.LayerNorm(C, dtype=d, backend=REF),
+    "RMSNorm": lambda d: nn.RMSNorm(C, dtype=d, backend=REF),
     "SinusoidalPositions": lambda d: nn.SinusoidalPositions(7, C, dtype=d),
     "LearnedPositions": lambda d: nn.LearnedPositions(7, C, dtype=d, rng=rng()),
-    **{f"FeedForward({a})": (lambda d, a=a: nn.FeedForward(C, F, a, dtype=d, rng=rng()))
+    **{f"FeedForward({a})": (lambda d, a=a: nn.FeedForward(C, F, a, dtype=d, rng=rng(),
+                                                           backend=REF))
        for a in ("relu", "gelu", "gelu_tanh", "swiglu")},
 }
 
@@ -62,7 +66,7 @@ def test_layer(name, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_embedding_layer(dtype):
-    table = nn.Embedding(11, C, dtype=dtype, rng=rng())
+    table = nn.Embedding(11, C, dtype=dtype, rng=rng(), backend=REF)
     ids = np.random.default_rng(0).integers(0, 11, (B, T))
     check_module("layers", table, (ids,))
 
@@ -85,7 +89,7 @@ def test_attention(case, dtype):
     opts = ATTENTION[case]
     attn = nn.MultiHeadAttention(C, H, rope=opts.get("rope", False),
                                  alibi=opts.get("alibi", False), max_len=9, dtype=dtype,
-                                 rng=rng())
+                                 rng=rng(), backend=REF)
     t_k = 7 if opts.get("cross") else T
     mask = {None: None, "causal": causal_mask(T),
             "padding": key_padding_mask(np.array([t_k, 3]), t_k)}[opts.get("mask")]
@@ -101,7 +105,7 @@ def test_attention(case, dtype):
 @pytest.mark.parametrize("kind", ["encoder", "decoder", "decoder cross"])
 @pytest.mark.parametrize("norm_first", [True, False], ids=["pre-LN", "post-LN"])
 def test_block(kind, norm_first, dtype):
-    opts = dict(norm_first=norm_first, max_len=9, dtype=dtype, rng=rng())
+    opts = dict(norm_first=norm_first, max_len=9, dtype=dtype, rng=rng(), backend=REF)
     if kind == "encoder":
         block = nn.EncoderBlock(C, H, F, norm="rmsnorm", activation="swiglu", **opts)
         args, kwargs, names = (x_of(dtype),), {"mask": key_padding_mask(np.array([5, 2]), T)}, \
@@ -164,7 +168,7 @@ def test_negative_control_catches_the_mixed_gelu_bug():
     tanh-GELU derivative: numpy-ml's bug) must fail the comparison."""
     from numpy_transformer.functional import gelu_tanh_backward, gelu_tanh_forward
 
-    ffn = nn.FeedForward(C, F, "gelu", rng=rng())
+    ffn = nn.FeedForward(C, F, "gelu", rng=rng(), backend=REF)
     ffn.act_backward = lambda da, x: gelu_tanh_backward(da, gelu_tanh_forward(x)[1])
     with pytest.raises(AssertionError, match="relative error"):
         check_module("negative control (must fail)", ffn, (x_of(np.float64),),

@@ -132,7 +132,7 @@ def test_multihead_attention_vs_torch(cross, dtype):
     (True = masked out) and converted to ours (True = may attend) by from_torch_ignore_mask."""
     b, t_q, c, h = 2, 4, 8, 2
     t_k = 6 if cross else t_q
-    attn = nn.MultiHeadAttention(c, h, dtype=dtype, rng=np.random.default_rng(0))
+    attn = nn.MultiHeadAttention(c, h, dtype=dtype, rng=np.random.default_rng(0), backend="numpy")
     mha = torch_mha_from(attn)
     x = randn((b, t_q, c), dtype, 1)
     ctx = randn((b, t_k, c), dtype, 2) if cross else None
@@ -167,7 +167,7 @@ def test_mask_conventions_are_opposite():
     """The same boolean array means opposite things to nn.MultiheadAttention and to us:
     passed unconverted it gives a different answer, converted it gives torch's."""
     b, t, c, h = 1, 5, 8, 2
-    attn = nn.MultiHeadAttention(c, h, rng=np.random.default_rng(0))
+    attn = nn.MultiHeadAttention(c, h, rng=np.random.default_rng(0), backend="numpy")
     mha = torch_mha_from(attn)
     x = randn((b, t, c), np.float64)
     torch_mask = np.triu(np.ones((t, t), dtype=bool), k=1)  # torch: True = masked OUT
@@ -185,7 +185,8 @@ def test_mask_conventions_are_opposite():
 @pytest.mark.parametrize("kind", ["LayerNorm", "RMSNorm"])
 def test_norm_vs_torch_module(kind, dtype):
     c = 10
-    ours = nn.LayerNorm(c, dtype=dtype) if kind == "LayerNorm" else nn.RMSNorm(c, dtype=dtype)
+    ours = nn.LayerNorm(c, dtype=dtype, backend="numpy") if kind == "LayerNorm" else \
+        nn.RMSNorm(c, dtype=dtype, backend="numpy")
     tdtype = torch.float64 if dtype == np.float64 else torch.float32
     theirs = torch.nn.LayerNorm(c, dtype=tdtype) if kind == "LayerNorm" else \
         torch.nn.RMSNorm(c, dtype=tdtype)  # eps=None: finfo(dtype).eps, as ours
@@ -267,7 +268,7 @@ OPTIMISERS = {
                            [(["w1", "w2"], {"weight_decay": 0.1}),
                             (["b1", "gain"], {"weight_decay": 0.0})], "AdamW"),
     "AdamW by names": (lambda: AdamW(lr=1e-2, weight_decay=0.3, decay={"w1", "b1"},
-                                     kernel="numpy"),
+                                     backend="numpy"),
                        [(["w1", "b1"], {"weight_decay": 0.3}),
                         (["w2", "gain"], {"weight_decay": 0.0})], "AdamW"),
     "AdamW on all": (lambda: AdamW(lr=1e-2, weight_decay=0.1, decay=lambda n, p: True),

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from numpy_transformer import functional as fn  # noqa: E402
-from numpy_transformer.nn.attention import sdpa_backend  # noqa: E402
+from numpy_transformer.backend import get_backend  # noqa: E402
 from reference_checks import twins  # noqa: E402
 from reference_checks.compare import assert_close  # noqa: E402
 
@@ -165,6 +165,7 @@ def test_sdpa(dtype, backend, mask_kind):
         mask[1, 0, 2, :] = False  # query 2 of sequence 1 may attend nothing
     else:
         mask = _masks(rng, b, h, t_q, t_k)[mask_kind]
-    forward, backward = sdpa_backend(backend)
+    ops = get_backend(backend)
+    forward, backward = ops.sdpa_forward, ops.sdpa_backward
     check_op(f"attention ({backend})", forward, backward, twins.sdpa,
              {"q": q, "k": k, "v": v}, dtype, consts=(mask, bias))

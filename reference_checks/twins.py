@@ -30,7 +30,7 @@ from torch import nn
 
 from numpy_transformer import interop
 from numpy_transformer import nn as ours
-from numpy_transformer.nn.config import TransformerConfig
+from numpy_transformer.config import TransformerConfig
 
 TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 

@@ -15,7 +15,7 @@ import pytest
 
 from numpy_transformer import functional as fn
 from numpy_transformer import interop, nn
-from numpy_transformer.nn.attention import sdpa_backend
+from numpy_transformer.backend import get_backend
 from numpy_transformer.optim import Adam, AdamW, clip_grad_norm
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -46,7 +46,8 @@ def _elementwise(name):
 
 
 def _sdpa(backend):
-    forward, backward = sdpa_backend(backend)
+    ops = get_backend(backend)
+    forward, backward = ops.sdpa_forward, ops.sdpa_backward
     return (lambda i, c: forward(i["q"], i["k"], i["v"], mask=c.get("mask"), bias=c.get("bias")),
             backward)
 

@@ -20,7 +20,7 @@ from numpy_transformer.nn import (
     SinusoidalPositions,
     TransformerConfig,
 )
-from numpy_transformer.nn.attention import KVCache
+from numpy_transformer.nn.decoding import KVCache, new_cache
 
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
 TOL = {"float64": 1e-10, "float32": 1e-5}  # cached vs recomputed logits, max abs difference
@@ -47,12 +47,12 @@ def test_cached_logits_equal_full_forward(positions, dtype, norm_first):
                                   dropout=0.1)).eval()
     ids = np.random.default_rng(0).integers(0, 11, (3, 12))  # fills max_len exactly
     full = model.forward(ids)  # (3, 12, V)
-    caches = model.new_caches(3)
-    rows = [model.forward_cached(ids[:, :5], caches)]  # prefill the first 5 positions
-    rows += [model.forward_cached(ids[:, t:t + 1], caches) for t in range(5, 12)]  # one by one
+    cache = new_cache(model, 3)
+    rows = [model.forward(ids[:, :5], cache=cache)]  # prefill the first 5 positions
+    rows += [model.forward(ids[:, t:t + 1], cache=cache) for t in range(5, 12)]  # one by one
     cached = np.concatenate(rows, axis=1)
     assert cached.dtype == np.dtype(dtype)
-    assert caches[0].length == 12
+    assert cache.length == 12
     assert max_diff(cached, full) <= TOL[dtype], f"{positions} {dtype}"
 
 
@@ -62,11 +62,11 @@ def test_negative_control_a_broken_cache_is_caught(positions):
     the cache bookkeeping would) and the logits leave the tolerance by far."""
     model = DecoderLM(tiny_config(positions=positions)).eval()
     ids = np.random.default_rng(6).integers(0, 11, (2, 8))
-    caches = model.new_caches(2)
-    model.forward_cached(ids[:, :7], caches)
-    for cache in caches:
-        cache.length -= 1  # the bug: the next token lands on position 6, not 7
-    broken = model.forward_cached(ids[:, 7:], caches)[:, -1]
+    cache = new_cache(model, 2)
+    model.forward(ids[:, :7], cache=cache)
+    for block in cache.blocks:
+        block.attn.length -= 1  # the bug: the next token lands on position 6, not 7
+    broken = model.forward(ids[:, 7:], cache=cache)[:, -1]
     assert max_diff(broken, model.forward(ids)[:, -1]) > 1e-3
 
 
@@ -80,17 +80,21 @@ def test_cached_prefill_in_chunks(positions, backend):
     model = DecoderLM(tiny_config(positions=positions, norm="rmsnorm", activation="swiglu",
                                   tie_embeddings=True, backend=backend)).eval()
     ids = np.random.default_rng(1).integers(0, 11, (2, 10))
-    caches = model.new_caches(2)
-    chunks = [model.forward_cached(ids[:, a:b], caches) for a, b in ((0, 3), (3, 7), (7, 10))]
+    cache = new_cache(model, 2)
+    chunks = [model.forward(ids[:, a:b], cache=cache) for a, b in ((0, 3), (3, 7), (7, 10))]
     assert max_diff(np.concatenate(chunks, axis=1), model.forward(ids)) <= 1e-10
 
 
-def test_cached_decoding_leaves_training_caches_of_attention_alone():
+def test_a_cached_forward_keeps_nothing_for_a_backward():
+    """Decoding is inference only: after a forward with a cache, the attention refuses a
+    backward instead of differentiating keys and values it took from the cache."""
     model = DecoderLM(tiny_config()).eval()
     model.forward(np.zeros((1, 4), dtype=int))
-    attention_cache = model.decoder.blocks[0].attn.cache
-    model.forward_cached(np.zeros((1, 2), dtype=int), model.new_caches(1))
-    assert model.decoder.blocks[0].attn.cache is attention_cache
+    assert model.decoder.blocks[0].attn.cache is not None
+    model.forward(np.zeros((1, 2), dtype=int), cache=new_cache(model, 1))
+    assert model.decoder.blocks[0].attn.cache is None
+    with pytest.raises(ValueError, match="forward"):
+        model.decoder.blocks[0].attn.backward(np.zeros((1, 2, 8)))
 
 
 def test_kv_cache_overflow_and_reset():
@@ -107,19 +111,19 @@ def test_kv_cache_overflow_and_reset():
 
 def test_cached_positions_beyond_max_len_raise():
     model = DecoderLM(tiny_config(max_len=4)).eval()
-    caches = model.new_caches(1)
-    model.forward_cached(np.zeros((1, 4), dtype=int), caches)
+    cache = new_cache(model, 1)
+    model.forward(np.zeros((1, 4), dtype=int), cache=cache)
     with pytest.raises(ValueError, match="outside the position table"):
-        model.forward_cached(np.zeros((1, 1), dtype=int), caches)
+        model.forward(np.zeros((1, 1), dtype=int), cache=cache)
 
 
 @pytest.mark.parametrize("table", [SinusoidalPositions, LearnedPositions])
 def test_positions_forward_at_offsets(table):
     module = table(6, 4)
     x = np.random.default_rng(0).standard_normal((2, 6, 4))
-    np.testing.assert_array_equal(module.forward_at(x[:, 2:5], 2), module.forward(x)[:, 2:5])
+    np.testing.assert_array_equal(module.forward(x[:, 2:5], start=2), module.forward(x)[:, 2:5])
     with pytest.raises(ValueError, match="positions 4 .. 6"):
-        module.forward_at(x[:, :3], 4)
+        module.forward(x[:, :3], start=4)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -130,10 +134,9 @@ def test_encoder_decoder_cache_equals_full_forward(dtype, norm_first):
     src, tgt = rng.integers(0, 11, (2, 7)), rng.integers(0, 11, (2, 9))
     src_lengths = np.array([7, 4])  # the second source is padded
     full = model.forward(src, tgt, src_lengths)
-    memory_kv, memory_mask = model.encode_memory(src, src_lengths)
-    caches = model.new_caches(2)
-    rows = [model.forward_cached(tgt[:, :2], caches, memory_kv, memory_mask)]
-    rows += [model.forward_cached(tgt[:, t:t + 1], caches, memory_kv, memory_mask)
+    cache = new_cache(model, 2)
+    rows = [model.forward(src, tgt[:, :2], src_lengths, cache=cache)]  # encodes the source
+    rows += [model.forward(src, tgt[:, t:t + 1], src_lengths, cache=cache)
              for t in range(2, 9)]
     assert max_diff(np.concatenate(rows, axis=1), full) <= TOL[dtype]
 

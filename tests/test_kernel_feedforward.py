@@ -1,5 +1,6 @@
-"""``kernels/feedforward.py`` (the ReLU network as one kernel over chunks of rows) against the
-readable pieces it replaces: ``functional`` linear, ReLU, linear.
+"""``kernels/feedforward.py`` (the ReLU network as one kernel over chunks of rows) and its
+reference composition in ``functional/fused.py`` against the readable pieces they stand for:
+``functional`` linear, ReLU, linear.
 
 The kernel runs only on two threads or more and with at least ``_MIN_ROWS`` rows (otherwise
 the reference composition runs, also tested here). Float64 to 1e-12 and float32 to 1e-5,
@@ -14,6 +15,7 @@ import pytest
 from _kernel_helpers import TOL, multi_thread, rel_err
 from _nn_helpers import assert_gradcheck
 
+from numpy_transformer.functional import fused as ref_fused
 from numpy_transformer.functional import linear as ref
 from numpy_transformer.functional.activations import relu_backward, relu_forward
 from numpy_transformer.gradcheck import check_module
@@ -30,9 +32,10 @@ def _problem(shape, f, dtype, seed=0):
     return x, w1, b1, w2, b2, g
 
 
+@pytest.mark.parametrize("module", [fused, ref_fused], ids=["kernel", "composition"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shape", [(21, 6), (1301, 6), (3, 150, 6)])  # reference path; chunks
-def test_fused_ffn_matches_the_pieces(dtype, shape):
+def test_fused_ffn_matches_the_pieces(dtype, shape, module):
     """Forward and all five gradients against linear -> ReLU -> linear of ``functional``.
 
     The ReLU cuts about half of h to exact zeros: they must be the same entries, +0 as from
@@ -44,8 +47,8 @@ def test_fused_ffn_matches_the_pieces(dtype, shape):
     dh, dw2_r, db2_r = ref.linear_backward(g, cache2)
     dx_r, dw1_r, db1_r = ref.linear_backward(relu_backward(dh, relu_cache), cache1)
 
-    out, cache = fused.relu_ffn_forward(x, w1, b1, w2, b2)
-    got = (out, *fused.relu_ffn_backward(g, cache))
+    out, cache = module.relu_ffn_forward(x, w1, b1, w2, b2)
+    got = (out, *module.relu_ffn_backward(g, cache))
     want = (out_r, dx_r, dw1_r, db1_r, dw2_r, db2_r)
     for name, a_got, a_want in zip(("out", "dx", "dw1", "db1", "dw2", "db2"), got, want,
                                    strict=True):
@@ -71,7 +74,8 @@ def test_feedforward_on_the_kernel_passes_gradcheck_and_matches_numpy():
     x = rng.standard_normal((2, 150, 6))  # 300 rows: the kernel's chunks
     ffns = [FeedForward(6, 10, "relu", rng=np.random.default_rng(8), backend=backend)
             for backend in ("numpy", "numba")]
-    assert ffns[0].fused_forward is None and ffns[1].fused_forward is fused.relu_ffn_forward
+    assert ffns[0].ops.relu_ffn_forward is ref_fused.relu_ffn_forward
+    assert ffns[1].ops.relu_ffn_forward is fused.relu_ffn_forward
     g = rng.standard_normal(x.shape)
     outs = [f.forward(x) for f in ffns]
     dxs = [f.backward(g) for f in ffns]
@@ -83,13 +87,13 @@ def test_feedforward_on_the_kernel_passes_gradcheck_and_matches_numpy():
 
 
 def test_gradcheck_catches_a_backward_that_forgets_the_relu(monkeypatch):
-    """Negative control: the same composition with the ReLU's backward left out must fail."""
+    """Negative control: the reference composition with the ReLU's backward left out must
+    fail."""
     rng = np.random.default_rng(4)
-    ffn = FeedForward(6, 10, "relu", rng=rng, backend="numba")
-    monkeypatch.setattr(ffn, "fused_backward", fused.reference_backward)
+    ffn = FeedForward(6, 10, "relu", rng=rng, backend="numpy")
     x = rng.standard_normal((2, 150, 6))
     assert check_module(ffn, {"x": x}).ok(1e-6)  # the composition itself is right
-    monkeypatch.setattr(fused, "relu_backward", lambda dout, x: dout)
+    monkeypatch.setattr(ref_fused, "relu_backward", lambda dout, x: dout)
     assert not check_module(ffn, {"x": x}).ok(1e-6)
 
 

@@ -15,6 +15,7 @@ import pytest
 from _kernel_helpers import TOL, multi_thread, rel_err
 from _nn_helpers import assert_gradcheck
 
+from numpy_transformer.backend import Backend
 from numpy_transformer.functional import linear as ref
 from numpy_transformer.gradcheck import check_module
 from numpy_transformer.kernels import linear as fast
@@ -113,7 +114,7 @@ def test_gradcheck_catches_a_wrong_last_chunk(monkeypatch):
     """Negative control: a backward that gets only the last chunk's rows wrong must fail."""
     rng = np.random.default_rng(3)
     layer = Linear(6, 5, dtype=np.float64, rng=rng, backend="numba")
-    right = layer.affine_backward
+    right = layer.ops.linear_backward
 
     def wrong(dout, cache):
         dx, dw, db = right(dout, cache)
@@ -121,7 +122,7 @@ def test_gradcheck_catches_a_wrong_last_chunk(monkeypatch):
         dx[-1, -1] *= 1.01  # the last row belongs to the last chunk
         return dx, dw, db
 
-    monkeypatch.setattr(layer, "affine_backward", wrong)
+    monkeypatch.setattr(layer, "ops", Backend(**{**vars(layer.ops), "linear_backward": wrong}))
     x = rng.standard_normal((2, 150, 6))
     assert not check_module(layer, {"x": x}).ok(1e-6)
 

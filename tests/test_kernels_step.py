@@ -2,7 +2,8 @@
 
 Each kernel in ``kernels/norms.py``, ``kernels/softmax.py``, ``kernels/activations.py``,
 ``kernels/embedding.py`` and ``kernels/residual.py`` has the contract of a readable function
-in ``functional/`` (the residual's: NumPy's in-place addition). Here both run on the same
+in ``functional/`` (the fused ones: a composition in ``functional/fused.py``). Here both run
+on the same
 inputs with a random upstream gradient, forward and backward, in float64 (agreement to 1e-12
 relative) and float32 (1e-5); then whole models built with ``backend="numba"`` pass the
 finite-difference check and equal their ``backend="numpy"`` twins.
@@ -19,6 +20,7 @@ from _nn_helpers import assert_gradcheck
 
 from numpy_transformer.functional import activations as ref_act
 from numpy_transformer.functional import embedding as ref_emb
+from numpy_transformer.functional import fused as ref_fused
 from numpy_transformer.functional import norms as ref_norms
 from numpy_transformer.functional import softmax as ref_softmax
 from numpy_transformer.gradcheck import check_module
@@ -28,7 +30,6 @@ from numpy_transformer.kernels import norms as fast_norms
 from numpy_transformer.kernels import residual as fast_residual
 from numpy_transformer.kernels import softmax as fast_softmax
 from numpy_transformer.nn import DecoderLM, EncoderClassifier, TransformerConfig
-from numpy_transformer.nn.blocks import residual_backend
 from numpy_transformer.train import Batch, Trainer
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5}
@@ -62,7 +63,7 @@ def test_residual_add_into_matches_numpy(dtype, contiguous):
     assert got is sub  # in place
     np.testing.assert_array_equal(got, want)  # one rounding per entry, as NumPy's
     sub2 = rng.standard_normal(x.shape).astype(dtype)
-    assert residual_backend("numpy")(x, sub2.copy()).tolist() == (x + sub2).tolist()
+    assert ref_fused.add_into(x, sub2.copy()).tolist() == (x + sub2).tolist()
 
 
 # ------------------------------------------------------------------------------- norms
@@ -105,25 +106,32 @@ def test_rms_norm_matches_reference(shape, dtype, eps):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("norm", ["layer", "rms"])
-def test_norm_backward_adds_a_residual_gradient_exactly(norm, dtype):
-    """``add=``: dx + add in the same pass, the very numbers of adding it afterwards (the
-    pre-LN blocks join their residual's gradient there), in both implementations."""
+def test_norm_backward_residual_is_its_composition_exactly(norm, dtype):
+    """``*_backward_residual``: dres + dx in the same pass, the very numbers of the reference
+    composition in ``functional/fused.py`` (the norm's backward, then the addition), on both
+    backends; and the kernel's dx and parameter gradients are its plain backward's."""
     rng = np.random.default_rng(4)
-    x, g, add = (rng.standard_normal((3, 130, 16)).astype(dtype) for _ in range(3))
+    x, g, dres = (rng.standard_normal((3, 130, 16)).astype(dtype) for _ in range(3))
     w, b = (rng.standard_normal(16).astype(dtype) for _ in range(2))
-    for module in (ref_norms, fast_norms):
-        if norm == "layer":
-            _, cache = module.layer_norm_forward(x, w, b)
-            backward = module.layer_norm_backward
-        else:
-            _, cache = module.rms_norm_forward(x, w)
-            backward = module.rms_norm_backward
-        plain, joined = backward(g, cache), backward(g, cache, add.copy())
-        np.testing.assert_array_equal(joined[0], plain[0] + add)
+    for forward, backward, joined_backward in (
+            (fast_norms.layer_norm_forward, fast_norms.layer_norm_backward,
+             fast_norms.layer_norm_backward_residual),
+            (ref_norms.layer_norm_forward, ref_norms.layer_norm_backward,
+             ref_fused.layer_norm_backward_residual),
+            (fast_norms.rms_norm_forward, fast_norms.rms_norm_backward,
+             fast_norms.rms_norm_backward_residual),
+            (ref_norms.rms_norm_forward, ref_norms.rms_norm_backward,
+             ref_fused.rms_norm_backward_residual)):
+        if (forward.__name__ == "layer_norm_forward") != (norm == "layer"):
+            continue
+        _, cache = forward(x, w, b) if norm == "layer" else forward(x, w)
+        plain, joined = backward(g, cache), joined_backward(g, cache, dres.copy())
+        np.testing.assert_array_equal(joined[0], dres + plain[0])
         for a, c in zip(joined[1:], plain[1:], strict=True):
             np.testing.assert_array_equal(a, c)
-    with pytest.raises(ValueError, match="add"):
-        backward(g, cache, add[:, :5])
+    with pytest.raises(ValueError, match="dres"):  # the kernels' check; see test_kernel_inputs
+        fast_norms.layer_norm_backward_residual(g, fast_norms.layer_norm_forward(x, w, b)[1],
+                                                dres[:, :5])
 
 
 def test_norm_kernels_take_non_contiguous_input_and_reject_bad_input():
@@ -272,9 +280,12 @@ def test_embeddings_forward_is_the_three_passes_bit_for_bit(dtype, scale, positi
     got, cache = fast_emb.embeddings_forward(ids, table, scale, rows)
     assert got.dtype == dtype
     np.testing.assert_array_equal(got, want)
+    composed, _ = ref_fused.embeddings_forward(ids, table, scale, rows)  # the reference
+    np.testing.assert_array_equal(composed, want)
     dout = rng.standard_normal((6, 9, 5)).astype(dtype)
-    np.testing.assert_array_equal(fast_emb.embedding_backward(dout, cache, scale),
-                                  ref_emb.embedding_backward(dout * scale, cache_r))
+    want_grad = ref_emb.embedding_backward(dout * scale, cache_r)
+    np.testing.assert_array_equal(fast_emb.embeddings_backward(dout, cache, scale), want_grad)
+    np.testing.assert_array_equal(ref_fused.embeddings_backward(dout, cache_r, scale), want_grad)
 
 
 def test_embeddings_forward_rejects_bad_input():

@@ -211,7 +211,7 @@ def test_bad_tokens():
     (dict(activation="tanh"), "activation must be one of"),
     (dict(positions="relative"), "positions must be one of"),
     (dict(width=6, heads=2, positions="sinusoidal"), None),  # even width: fine
-    (dict(width=9, heads=3, positions="sinusoidal"), "sinusoidal positions need an even width"),
+    (dict(width=9, heads=3, positions="sinusoidal"), "sinusoidal table needs an even width"),
     (dict(width=6, heads=2, positions="rope"), "rope needs an even head width"),
     (dict(dropout=1.0), "dropout must lie in"),
     (dict(embed_std=-1.0), "embed_std must be a positive number"),

@@ -9,16 +9,12 @@ import math
 import numpy as np
 import pytest
 
-from numpy_transformer.optim import (
-    Adam,
-    AdamW,
-    adam_update_numba,
-    adam_update_numpy,
-    clip_grad_norm,
-)
+from numpy_transformer.functional.adam import adam_update as adam_update_numpy
+from numpy_transformer.kernels.adam import adam_update as adam_update_numba
+from numpy_transformer.optim import Adam, AdamW, clip_grad_norm
 from numpy_transformer.schedules import constant_lr, warmup_cosine
 
-KERNELS = ["numpy", "numba"]
+BACKENDS = ["numpy", "numba"]
 SHAPES = {"emb": (11, 6), "w": (6, 5), "b": (5,), "gain": (5,), "w3": (2, 3, 4)}
 
 
@@ -57,9 +53,9 @@ def textbook_adam(params, grad_seq, lr, betas, eps, wd, decoupled, decayed):
 # Adam / AdamW arithmetic
 # --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("cls", [Adam, AdamW])
-def test_matches_textbook_equations(cls, kernel):
+def test_matches_textbook_equations(cls, backend):
     rng = np.random.default_rng(0)
     params = make_params(rng)
     grad_seq = [make_grads(rng, params) for _ in range(5)]
@@ -67,7 +63,7 @@ def test_matches_textbook_equations(cls, kernel):
     expected = textbook_adam(params, grad_seq, **hyper, decoupled=cls is AdamW,
                              decayed={"emb", "w", "w3"})  # the default rule: ndim >= 2
     opt = cls(lr=hyper["lr"], betas=hyper["betas"], eps=hyper["eps"],
-              weight_decay=hyper["wd"], kernel=kernel)
+              weight_decay=hyper["wd"], backend=backend)
     for grads in grad_seq:
         opt.step(params, grads)
     assert opt.t == 5
@@ -75,15 +71,15 @@ def test_matches_textbook_equations(cls, kernel):
         np.testing.assert_allclose(params[k], expected[k], rtol=1e-12, atol=1e-14, err_msg=k)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_first_step_is_lr_times_sign(kernel):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_first_step_is_lr_times_sign(backend):
     # After one step the bias-corrected moments are g and g^2, so the update is
     # lr * g / (|g| + eps): almost exactly lr * sign(g), whatever the scale of g.
     rng = np.random.default_rng(1)
     params = make_params(rng)
     before = {k: p.copy() for k, p in params.items()}
     grads = make_grads(rng, params, scale=1e3)
-    Adam(lr=0.05, kernel=kernel).step(params, grads)
+    Adam(lr=0.05, backend=backend).step(params, grads)
     for k in params:
         g = grads[k]
         np.testing.assert_allclose(before[k] - params[k], 0.05 * g / (np.abs(g) + 1e-8),
@@ -101,15 +97,14 @@ def test_numba_kernel_equals_numpy_reference_bitwise(dtype, decoupled):
     v = (0.01 * rng.random(1000)).astype(dtype)
     state_a = [p.copy(), m.copy(), v.copy()]
     state_b = [p.copy(), m.copy(), v.copy()]
-    scratch = np.empty_like(p)
     for t in range(1, 6):
         g = rng.standard_normal(1000).astype(dtype)
         lr, wd, b1, b2 = 3e-3, 0.1, 0.9, 0.999
         scalars = [f(1 - lr * wd if decoupled else 1.0), f(0.0 if decoupled else wd),
                    f(1 - b1), f(b2), f(1 - b2), f((1 - b2 ** t) ** 0.5), f(1e-8),
                    f(-lr / (1 - b1 ** t))]
-        adam_update_numpy(*state_a[:1], g, *state_a[1:], scratch, *scalars)
-        adam_update_numba(*state_b[:1], g, *state_b[1:], scratch, *scalars)
+        adam_update_numpy(*state_a[:1], g, *state_a[1:], *scalars)
+        adam_update_numba(*state_b[:1], g, *state_b[1:], *scalars)
         for name, a, b in zip("pmv", state_a, state_b, strict=True):
             assert a.dtype == dtype
             np.testing.assert_array_equal(a, b, err_msg=f"{name} at step {t}")
@@ -127,9 +122,9 @@ def test_one_call_for_all_parameters_equals_numpy_bitwise(cls):
             for k, s in shapes.items()}
     grads_seq = [make_grads(rng, base) for _ in range(4)]
     results = []
-    for kernel in KERNELS:
+    for backend in BACKENDS:
         params = {k: p.copy() for k, p in base.items()}
-        opt = cls(lr=0.01, weight_decay=0.1, kernel=kernel)
+        opt = cls(lr=0.01, weight_decay=0.1, backend=backend)
         for grads in grads_seq:
             opt.step(params, grads)
         results.append((params, opt.m, opt.v))
@@ -177,10 +172,10 @@ def test_numba_path_handles_non_contiguous_params():
     grads_seq = [{"w": rng.standard_normal((4, 6)).T, "b": rng.standard_normal(4)}
                  for _ in range(3)]
     results = []
-    for kernel in KERNELS:
+    for backend in BACKENDS:
         params = {"w": base["w"].T.copy().T, "b": base["b"].copy()}  # w: a Fortran-order view
         assert not params["w"].flags.c_contiguous
-        opt = AdamW(lr=0.1, kernel=kernel)
+        opt = AdamW(lr=0.1, backend=backend)
         for grads in grads_seq:
             opt.step(params, grads)
         results.append(params)
@@ -189,12 +184,12 @@ def test_numba_path_handles_non_contiguous_params():
         assert not np.array_equal(results[0][k], base[k])
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_dtype_is_preserved(dtype, kernel):
+def test_dtype_is_preserved(dtype, backend):
     rng = np.random.default_rng(4)
     params = make_params(rng, dtype)
-    opt = AdamW(kernel=kernel)
+    opt = AdamW(backend=backend)
     opt.step(params, make_grads(rng, params))
     for k in params:
         assert params[k].dtype == dtype and opt.m[k].dtype == dtype and opt.v[k].dtype == dtype
@@ -244,16 +239,16 @@ def test_defaults_are_torchs():
 # Against PyTorch: 20 steps of clip + step with a warmup-cosine schedule
 # --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-6), (np.float64, 1e-12)])
 @pytest.mark.parametrize("name", ["Adam", "AdamW"])
-def test_matches_torch_over_20_steps(name, dtype, tol, kernel):
+def test_matches_torch_over_20_steps(name, dtype, tol, backend):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(8)
     params = make_params(rng, dtype)
     wd = 0.05
     ours = {"Adam": Adam, "AdamW": AdamW}[name](lr=1.0, betas=(0.9, 0.99), eps=1e-7,
-                                                 weight_decay=wd, kernel=kernel)
+                                                 weight_decay=wd, backend=backend)
     tparams = {k: torch.tensor(p.copy(), requires_grad=True) for k, p in params.items()}
     groups = [{"params": [t for k, t in tparams.items() if params[k].ndim >= 2],
                "weight_decay": wd},
@@ -291,19 +286,19 @@ def test_matches_torch_over_20_steps(name, dtype, tol, kernel):
 # Optimiser state
 # --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_state_dict_round_trip_through_npz_resumes_identically(kernel):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_state_dict_round_trip_through_npz_resumes_identically(backend):
     rng = np.random.default_rng(9)
     params0 = make_params(rng, np.float32)
     grad_seq = [make_grads(rng, params0) for _ in range(20)]
 
     straight = {k: p.copy() for k, p in params0.items()}
-    opt = AdamW(lr=0.01, kernel=kernel)
+    opt = AdamW(lr=0.01, backend=backend)
     for grads in grad_seq:
         opt.step(straight, grads)
 
     resumed = {k: p.copy() for k, p in params0.items()}
-    first = AdamW(lr=0.01, kernel=kernel)
+    first = AdamW(lr=0.01, backend=backend)
     for grads in grad_seq[:10]:
         first.step(resumed, grads)
     state = first.state_dict()
@@ -318,7 +313,7 @@ def test_state_dict_round_trip_through_npz_resumes_identically(kernel):
     state2 = {k: loaded[k] for k in ("t", "lr", "beta1", "beta2", "eps", "weight_decay")}
     state2["m"] = {k[2:]: a for k, a in loaded.items() if k.startswith("m/")}
     state2["v"] = {k[2:]: a for k, a in loaded.items() if k.startswith("v/")}
-    second = AdamW(lr=123.0, kernel=kernel)  # hyperparameters come from the state
+    second = AdamW(lr=123.0, backend=backend)  # hyperparameters come from the state
     second.load_state_dict(state2)
     assert second.t == 10 and second.lr == 0.01
     for grads in grad_seq[10:]:
@@ -389,7 +384,7 @@ def test_bad_step_calls_raise_and_change_nothing():
 @pytest.mark.parametrize("kwargs, word", [
     ({"lr": -1e-3}, "lr"), ({"lr": float("nan")}, "lr"), ({"betas": (1.0, 0.9)}, "beta1"),
     ({"betas": (0.9, -0.1)}, "beta2"), ({"betas": 0.9}, "betas"), ({"eps": -1.0}, "eps"),
-    ({"weight_decay": -0.1}, "weight_decay"), ({"kernel": "cuda"}, "kernel"),
+    ({"weight_decay": -0.1}, "weight_decay"), ({"backend": "cuda"}, "backend"),
     ({"decay": "w"}, "decay"),
 ])
 def test_bad_constructor_arguments(kwargs, word):

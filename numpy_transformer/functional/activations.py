@@ -18,7 +18,22 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..kernels.special import erf
+# The operations of the backends (numpy_transformer.backend)
+__all__ = [
+    'relu_forward', 'relu_backward', 'gelu_forward', 'gelu_backward', 'gelu_tanh_forward',
+    'gelu_tanh_backward', 'silu_forward', 'silu_backward', 'swiglu_forward', 'swiglu_backward',
+    'dropout_forward', 'dropout_backward'
+]
+
+# NumPy has no erf: Python's math.erf (the C library's) entry by entry, in float64, rounded
+# once to the input's dtype. Slow and obviously right; the numba backend's GELU kernels
+# (numpy_transformer/kernels/activations.py) are checked against it.
+_erf_float64 = np.frompyfunc(math.erf, 1, 1)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """Elementwise error function ``erf(x) = 2/sqrt(pi) int_0^x exp(-t^2) dt``, in x's dtype."""
+    return _erf_float64(x.astype(np.float64, copy=False)).astype(x.dtype)
 
 
 # ----------------------------------------------------------------------------- ReLU

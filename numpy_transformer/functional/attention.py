@@ -20,6 +20,9 @@ import numpy as np
 
 from .._checks import check_float
 
+# The operations of the backends (numpy_transformer.backend)
+__all__ = ['sdpa_forward', 'sdpa_backward', 'attention_weights']
+
 
 class SDPACache(NamedTuple):
     q: np.ndarray  # (B, H, T_q, D)

@@ -8,6 +8,9 @@ import numpy as np
 
 from .._checks import check_float, check_ids
 
+# The operations of the backends (numpy_transformer.backend)
+__all__ = ['embedding_forward', 'embedding_backward']
+
 
 class EmbeddingCache(NamedTuple):
     ids: np.ndarray  # (B, T) int

@@ -13,6 +13,9 @@ import numpy as np
 
 from .._checks import check_float, check_last_dim
 
+# The operations of the backends (numpy_transformer.backend)
+__all__ = ['linear_forward', 'linear_backward', 'linear_heads_forward']
+
 
 class LinearCache(NamedTuple):
     x: np.ndarray  # (..., C_in)

@@ -14,6 +14,9 @@ import numpy as np
 
 from .._checks import check_float, check_last_dim
 
+# The operations of the backends (numpy_transformer.backend)
+__all__ = ['layer_norm_forward', 'layer_norm_backward', 'rms_norm_forward', 'rms_norm_backward']
+
 
 class LayerNormCache(NamedTuple):
     x_hat: np.ndarray  # (..., C) normalised input
@@ -52,10 +55,8 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
     return x_hat * w + b, LayerNormCache(x_hat, w, rstd)  # (3)
 
 
-def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache,
-                        add: np.ndarray | None = None):
-    """Returns ``(dx, dw, db)``; with ``add`` (shaped like ``dout``), ``dx + add``: a
-    residual's gradient joined here, which the numba twin does in the same pass."""
+def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
+    """Returns ``(dx, dw, db)``, each shaped like the forward's ``x``, ``w``, ``b``."""
     x_hat, w, rstd = cache
     lead = tuple(range(dout.ndim - 1))
     # (3) out = x_hat * w + b   =>   dw = sum dout * x_hat,  db = sum dout,  dx_hat = dout * w
@@ -66,7 +67,7 @@ def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache,
     #   =>   dx = rstd * (dxh - mean_C dxh - x_hat * mean_C(dxh * x_hat))
     dx = rstd * (dxh - dxh.mean(axis=-1, keepdims=True)
                  - x_hat * (dxh * x_hat).mean(axis=-1, keepdims=True))
-    return (dx if add is None else dx + add), dw, db
+    return dx, dw, db
 
 
 class RMSNormCache(NamedTuple):
@@ -102,8 +103,8 @@ def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
     return x_hat * w, RMSNormCache(x_hat, w, rrms)  # (3)
 
 
-def rms_norm_backward(dout: np.ndarray, cache: RMSNormCache, add: np.ndarray | None = None):
-    """Returns ``(dx, dw)``; with ``add``, ``dx + add`` (see :func:`layer_norm_backward`)."""
+def rms_norm_backward(dout: np.ndarray, cache: RMSNormCache):
+    """Returns ``(dx, dw)``, shaped like the forward's ``x`` and ``w``."""
     x_hat, w, rrms = cache
     # (3) out = x_hat * w   =>   dw = sum dout * x_hat,  dx_hat = dout * w
     dw = (dout * x_hat).sum(axis=tuple(range(dout.ndim - 1)))
@@ -111,4 +112,4 @@ def rms_norm_backward(dout: np.ndarray, cache: RMSNormCache, add: np.ndarray | N
     # (2), (1) x_hat = x rrms, d rrms/dx = -rrms^3 x / C
     #   =>   dx = rrms * (dxh - x_hat * mean_C(dxh * x_hat))
     dx = rrms * (dxh - x_hat * (dxh * x_hat).mean(axis=-1, keepdims=True))
-    return (dx if add is None else dx + add), dw
+    return dx, dw

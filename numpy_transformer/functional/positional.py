@@ -13,11 +13,18 @@ import math
 
 import numpy as np
 
+from .._checks import check_even
 
-def _frequencies(width: int, base: float, what: str) -> np.ndarray:
+# The operations of the backends (numpy_transformer.backend)
+__all__ = [
+    'sinusoidal_table', 'rope_tables', 'rope_forward', 'rope_backward', 'alibi_slopes',
+    'alibi_bias'
+]
+
+
+def _frequencies(width: int, base: float, what: str, name: str = "width") -> np.ndarray:
     """theta_i = base^(-2i/width) for i = 0 .. width/2 - 1; the width must be even."""
-    if width < 2 or width % 2:
-        raise ValueError(f"{what} needs an even width >= 2, got {width}")
+    check_even(what, name, width)
     return base ** (-np.arange(0, width, 2, dtype=np.float64) / width)  # (width/2,)
 
 
@@ -43,7 +50,8 @@ def sinusoidal_table(length: int, width: int, dtype=np.float64) -> np.ndarray:
 
 def rope_tables(length: int, head_width: int, base: float = 10000.0, dtype=np.float64):
     """``(cos, sin)`` of the RoPE angles p * theta_i, each of shape (length, head_width / 2)."""
-    angles = np.arange(length, dtype=np.float64)[:, None] * _frequencies(head_width, base, "RoPE")
+    theta = _frequencies(head_width, base, "RoPE", "head width")  # (D/2,)
+    angles = np.arange(length, dtype=np.float64)[:, None] * theta
     return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
 
 

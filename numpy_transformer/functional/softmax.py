@@ -13,6 +13,12 @@ import numpy as np
 
 from .._checks import check_float
 
+# The operations of the backends (numpy_transformer.backend)
+__all__ = [
+    'softmax_forward', 'softmax_backward', 'log_softmax', 'cross_entropy_forward',
+    'cross_entropy_backward'
+]
+
 
 def softmax_forward(x: np.ndarray):
     """Softmax along the last axis, stabilised by the row max.

@@ -24,6 +24,9 @@ from numba import njit, prange
 
 from .special import exp_shifted
 
+# The operations this module gives the numba backend (numpy_transformer.backend)
+__all__ = ['relu_forward', 'relu_backward', 'gelu_forward', 'gelu_backward']
+
 # error_model="numpy": x / 0 gives inf or NaN as in NumPy instead of raising ZeroDivisionError;
 # the check for that error kept the compiler from vectorising any loop with a division (5x).
 _JIT = dict(cache=True, nogil=True, error_model="numpy")

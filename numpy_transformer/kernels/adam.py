@@ -1,13 +1,16 @@
 """Adam's update in Numba: all the parameters of a model in one parallel call.
 
-The arithmetic is that of ``optim.adam_update_numpy`` (the readable reference, read it
-first), entry by entry, in the parameters' dtype and without fastmath, so the two give the
-same numbers bit for bit (``tests/test_optim.py``):
+Same contract as ``functional/adam.py`` (the readable reference, read it first), whose
+arithmetic runs here entry by entry, in the parameters' dtype and without fastmath, so the two
+give the same numbers bit for bit (``tests/test_optim.py``):
 
+* :func:`adam_update_group`: every parameter of one dtype in one call. It keeps the last few
+  :class:`ParameterSet` it built, so a training loop that hands it the same arrays every step
+  builds one once.
+* :func:`adam_update`: the same for one parameter.
 * :class:`ParameterSet`: flat views of same-dtype parameters, gradients and moments, and a
   table of blocks that shares their entries out over the threads; ``update(...)`` applies
-  one step to all of them. ``optim.Adam`` keeps one per dtype while the arrays stay the same.
-* :func:`adam_update_numba`: the same for one parameter, with the reference's signature.
+  one step to all of them.
 
 Why one call for all: the chapter's model has 37 parameter arrays, most of them small. One
 parallel call per array cost about 10 us each in start-up and dispatch, 0.4 ms per step for
@@ -16,13 +19,20 @@ parallel call per array cost about 10 us each in start-up and dispatch, 0.4 ms p
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numba
 import numpy as np
 from numba.typed import List
 
+from ..functional import adam as reference
+
+# The operations this module gives the numba backend (numpy_transformer.backend)
+__all__ = ['adam_update', 'adam_update_group']
+
 _BLOCK = 8192  # entries per work item: large enough to amortise, small enough to balance
+_KEPT_SETS = 4  # ParameterSets remembered by adam_update_group (one per model and dtype)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -82,23 +92,43 @@ class ParameterSet:
         """One Adam/AdamW step of every array, in place.
 
         ``decay`` and ``l2`` hold one value per parameter; the other scalars are shared. All
-        are of the arrays' dtype (see ``optim.adam_update_numpy`` for what each means).
+        are of the arrays' dtype (see ``functional.adam.adam_update`` for what each means).
         """
         _adam_kernel(*self.lists, decay, l2, *self.blocks, w1, beta2, w2, bc2_sqrt, eps,
                      neg_step)
 
 
-def adam_update_numba(p, g, m, v, scratch, decay, l2, w1, beta2, w2, bc2_sqrt, eps, neg_step):
-    """The update of ``optim.adam_update_numpy``, for one parameter, by the same kernel.
+_sets: OrderedDict = OrderedDict()  # identity of the arrays -> their ParameterSet
 
-    Needs ``p``, ``m`` and ``v`` C-contiguous (``g`` is copied if it is not); otherwise falls
-    back to the NumPy version. ``scratch`` is unused and accepted only so both share one
-    signature.
-    """
-    if not (p.flags.c_contiguous and m.flags.c_contiguous and v.flags.c_contiguous):
-        from ..optim import adam_update_numpy  # the reference, for the rare strided array
 
-        adam_update_numpy(p, g, m, v, scratch, decay, l2, w1, beta2, w2, bc2_sqrt, eps, neg_step)
+def _parameter_set(ps, gs, ms, vs) -> ParameterSet:
+    """The ParameterSet of these arrays, built once while they stay the same objects (the
+    set's views keep them alive, so their identities cannot be reused meanwhile)."""
+    key = tuple(id(x) for group in (ps, gs, ms, vs) for x in group)
+    found = _sets.get(key)
+    if found is None:
+        found = _sets[key] = ParameterSet(ps, gs, ms, vs)
+        if len(_sets) > _KEPT_SETS:
+            _sets.popitem(last=False)
+    _sets.move_to_end(key)
+    return found
+
+
+def adam_update_group(ps: Sequence[np.ndarray], gs: Sequence[np.ndarray],
+                      ms: Sequence[np.ndarray], vs: Sequence[np.ndarray], decays: np.ndarray,
+                      l2s: np.ndarray, w1, beta2, w2, bc2_sqrt, eps, neg_step) -> None:
+    """Every parameter of one dtype in one parallel call; see
+    ``functional.adam.adam_update_group``. Arrays that are not all C-contiguous go to the
+    reference."""
+    if not all(x.flags.c_contiguous for group in (ps, gs, ms, vs) for x in group):
+        reference.adam_update_group(ps, gs, ms, vs, decays, l2s, w1, beta2, w2, bc2_sqrt, eps,
+                                    neg_step)
         return
-    one = ParameterSet([p], [np.ascontiguousarray(g)], [m], [v])
-    one.update(np.array([decay]), np.array([l2]), w1, beta2, w2, bc2_sqrt, eps, neg_step)
+    _parameter_set(ps, gs, ms, vs).update(decays, l2s, w1, beta2, w2, bc2_sqrt, eps, neg_step)
+
+
+def adam_update(p, g, m, v, decay, l2, w1, beta2, w2, bc2_sqrt, eps, neg_step) -> None:
+    """One parameter's update; see ``functional.adam.adam_update``."""
+    dtype = p.dtype
+    adam_update_group([p], [g], [m], [v], np.array([decay], dtype), np.array([l2], dtype), w1,
+                      beta2, w2, bc2_sqrt, eps, neg_step)

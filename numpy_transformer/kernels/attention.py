@@ -90,6 +90,9 @@ from ..threads import blas_on_calling_thread
 from .blas import gemm, gemm_address
 from .special import exp_clamped
 
+# The operations this module gives the numba backend (numpy_transformer.backend)
+__all__ = ['sdpa_forward', 'sdpa_backward']
+
 # Query rows per block. Measured on the benchmark machine (2 MiB L2 per core, T up to 2048):
 # 128 rows were best overall among 64, 128 and 256 (64 and 256 were each 0-10% slower on
 # most shapes, 256 faster at T = 512, D = 32). One block's scores, (2048, 128) float32, take

@@ -1,17 +1,17 @@
 """The embeddings in Numba: lookup, scale and positions in one pass, and the table's gradient.
 
-Drop-ins for the readable pieces that ``nn.models.Embeddings`` composes with the numpy backend
-(``functional.embedding`` and the position modules); ``tests/test_kernels_step.py`` checks
-them against those, bit for bit:
+Same contracts as the references in ``functional/embedding.py`` and ``functional/fused.py``
+(``tests/test_kernels_step.py`` checks them against those, bit for bit):
 
 * ``out, cache = embeddings_forward(ids, table, scale=1.0, positions=None)``:
   ``out[b, t] = table[ids[b, t]] * scale + positions[t]``, rows in parallel, each entry
   rounded as the three NumPy passes round it (the lookup, ``* scale``, ``+ positions``).
   One pass instead of three, and no intermediate arrays: 0.9 -> 0.2 ms at the char model's
   (64, 100, 84).
-* ``dtable = embedding_backward(dout, cache, scale=1.0)``: the rows of ``dout * scale``
-  summed per id. The reference scatters with ``np.add.at(dtable, ids, dout)``, NumPy's
-  unbuffered scatter-add, which handles repeated ids correctly but pays a per-index overhead.
+* ``dtable = embeddings_backward(dout, cache, scale=1.0)``: the rows of ``dout * scale``
+  summed per id, and ``embedding_backward(dout, cache)``, the same with scale 1. The
+  reference scatters with ``np.add.at(dtable, ids, dout)``, NumPy's unbuffered
+  scatter-add, which handles repeated ids correctly but pays a per-index overhead.
   The loop below does the same additions in the same order: for each token n,
   ``dtable[ids[n]] += dout[n] * scale``. It stays serial: two threads could hit the same row.
 """
@@ -23,6 +23,9 @@ from numba import njit, prange
 
 from .._checks import check_float, check_ids
 from ..functional.embedding import EmbeddingCache
+
+# The operations this module gives the numba backend (numpy_transformer.backend)
+__all__ = ['embeddings_forward', 'embeddings_backward', 'embedding_backward']
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
 
@@ -91,9 +94,14 @@ def embeddings_forward(ids: np.ndarray, table: np.ndarray, scale: float = 1.0,
     return out, EmbeddingCache(ids, table.shape, table.dtype)
 
 
-def embedding_backward(dout: np.ndarray, cache: EmbeddingCache, scale: float = 1.0):
+def embedding_backward(dout: np.ndarray, cache: EmbeddingCache) -> np.ndarray:
+    """Returns ``dtable`` of shape (V, C); see ``functional.embedding.embedding_backward``."""
+    return embeddings_backward(dout, cache, 1.0)
+
+
+def embeddings_backward(dout: np.ndarray, cache: EmbeddingCache, scale: float = 1.0):
     """Returns ``dtable`` of shape (V, C): rows of ``dout * scale`` summed per id (repeats
-    accumulate); with ``scale = 1``, ``functional.embedding.embedding_backward``."""
+    accumulate); see ``functional.fused.embeddings_backward``."""
     ids, (vocab, width), dtype = cache
     dtable = np.zeros((vocab, width), dtype=dtype)
     _scatter_add_rows(dtable, ids.reshape(-1).astype(np.int64, copy=False),

@@ -1,9 +1,8 @@
 """The ReLU feed-forward network in one pass over its rows: ``out = max(x w1 + b1, 0) w2 + b2``.
 
-Same result as the three readable pieces it replaces, composed (:func:`reference_forward`
-and :func:`reference_backward` below, built from ``functional/linear.py`` and
-``functional/activations.py``; ``tests/test_kernel_feedforward.py`` checks the kernel against
-them, float32 and float64):
+Same contract and result as its reference, the composition linear -> ReLU -> linear of the
+same names in ``functional/fused.py`` (``tests/test_kernel_feedforward.py`` checks the kernel
+against it, float32 and float64):
 
 * ``out, cache = relu_ffn_forward(x, w1, b1, w2, b2)``
 * ``dx, dw1, db1, dw2, db2 = relu_ffn_backward(dout, cache)``
@@ -29,47 +28,21 @@ with the ReLU applied between them. Few rows and one thread go to the reference.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numba
 import numpy as np
 from numba import njit, prange
 
 from .._checks import check_float, check_last_dim
-from ..functional import linear as linear_ref
-from ..functional.activations import relu_backward, relu_forward
+from ..functional import fused as reference
+from ..functional.fused import FeedForwardCache
 from ..threads import blas_on_calling_thread
 from .blas import gemm, gemm_address
 from .linear import _chunks, _use_reference
 
+# The operations this module gives the numba backend (numpy_transformer.backend)
+__all__ = ['relu_ffn_forward', 'relu_ffn_backward']
+
 _JIT = dict(cache=True, nogil=True)
-
-
-class FeedForwardCache(NamedTuple):
-    x: np.ndarray  # (N, C) the input rows
-    h: np.ndarray  # (N, F) the ReLU's output
-    w1: np.ndarray  # (C, F)
-    w2: np.ndarray  # (F, C)
-    shape: tuple  # the input's shape
-
-
-def reference_forward(x, w1, b1, w2, b2):
-    """The readable composition: linear, ReLU, linear (``functional``). Same contract."""
-    h, _ = relu_forward(linear_ref.linear_forward(x, w1, b1)[0])  # (1), (2)
-    out, _ = linear_ref.linear_forward(h, w2, b2)  # (3)
-    x2 = x.reshape(-1, w1.shape[0])
-    return out, FeedForwardCache(x2, h.reshape(-1, w1.shape[1]), w1, w2, x.shape)
-
-
-def reference_backward(dout, cache: FeedForwardCache):
-    """The readable composition's backward. Same contract as :func:`relu_ffn_backward`."""
-    x, h, w1, w2, shape = cache
-    dh, dw2, db2 = linear_ref.linear_backward(dout, linear_ref.LinearCache(
-        h.reshape(shape[:-1] + h.shape[-1:]), w2, True))  # (3)
-    dh = relu_backward(dh, h.reshape(dh.shape))  # (2) through the ReLU's output: h > 0
-    dx, dw1, db1 = linear_ref.linear_backward(dh, linear_ref.LinearCache(
-        x.reshape(shape), w1, True))  # (1)
-    return dx, dw1, db1, dw2, db2
 
 
 @njit(parallel=True, **_JIT)
@@ -152,7 +125,7 @@ def relu_ffn_forward(x: np.ndarray, w1: np.ndarray, b1: np.ndarray, w2: np.ndarr
         raise ValueError(f"the weights must be (C, F), (F,), (F, C), (C,) of x's dtype "
                          f"{x.dtype}, got {w1.shape}, {b1.shape}, {w2.shape}, {b2.shape}")
     if _use_reference(x.size // w1.shape[0]):
-        return reference_forward(x, w1, b1, w2, b2)
+        return reference.relu_ffn_forward(x, w1, b1, w2, b2)
     x2 = np.ascontiguousarray(x).reshape(-1, w1.shape[0])  # (N, C)
     h = np.empty((x2.shape[0], w1.shape[1]), dtype=x.dtype)  # (N, F)
     out = np.empty_like(x2)  # (N, C)
@@ -176,7 +149,7 @@ def relu_ffn_backward(dout: np.ndarray, cache: FeedForwardCache):
                          f"{getattr(dout, 'shape', type(dout).__name__)}")
     n = x.shape[0]
     if _use_reference(n):
-        return reference_backward(dout, cache)
+        return reference.relu_ffn_backward(dout, cache)
     dout2 = np.ascontiguousarray(dout, dtype=x.dtype).reshape(n, -1)  # (N, C)
     chunks = _chunks(n)
     (c, f), dtype = w1.shape, x.dtype

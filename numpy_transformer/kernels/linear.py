@@ -46,6 +46,9 @@ from ..functional.linear import LinearCache
 from ..threads import blas_on_calling_thread
 from .blas import gemm, gemm_address
 
+# The operations this module gives the numba backend (numpy_transformer.backend)
+__all__ = ['linear_forward', 'linear_backward', 'linear_heads_forward']
+
 _MIN_ROWS = 256  # fewer rows: the reference's one BLAS call
 # Chunks of about _CHUNK_ROWS rows or more, at least 2 and at most _MAX_CHUNKS (4 per thread on
 # 2 cores). Taller chunks make faster products: on 768 rows of width 128, 2 chunks of 384 were

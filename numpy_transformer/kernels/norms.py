@@ -4,18 +4,20 @@ Same contract as the readable reference (read that file first; ``tests/test_kern
 checks every function here against it, forward and backward, float32 and float64):
 
 * ``out, cache = layer_norm_forward(x, w, b, eps)``
-* ``dx, dw, db = layer_norm_backward(dout, cache, add=None)``
+* ``dx, dw, db = layer_norm_backward(dout, cache)``
 * ``out, cache = rms_norm_forward(x, w, eps)``
-* ``dx, dw = rms_norm_backward(dout, cache, add=None)``
+* ``dx, dw = rms_norm_backward(dout, cache)``
 
-with the very same ``LayerNormCache`` / ``RMSNormCache`` named tuples.
+with the very same ``LayerNormCache`` / ``RMSNormCache`` named tuples, and the fused
+``layer_norm_backward_residual(dout, cache, dres)`` / ``rms_norm_backward_residual``, whose
+reference is the composition of the same names in ``functional/fused.py``.
 
 Why a kernel pays: the reference makes about eight passes over the (N, C) activations per
 forward and ten per backward (mean, subtract, square, mean, multiply, ...), each allocating a
 temporary. Here one row of C numbers is read once, its statistics kept in registers, and the
-row written once; rows run in parallel (``prange``). ``add`` (a residual connection's
-gradient, which the pre-LN blocks join to the norm's) is added to each row of dx while the row
-is in cache, instead of in one more pass over memory.
+row written once; rows run in parallel (``prange``). The ``_residual`` backwards add ``dres``
+(a residual connection's gradient, which the pre-LN blocks join to the norm's) to each row of
+dx while the row is in cache, instead of in one more pass over memory.
 
 The parameter gradients ``dw = sum_rows dout * x_hat`` and ``db = sum_rows dout`` are sums
 over *all* rows, so threads must not add into one array. The rows are cut into fixed blocks
@@ -47,6 +49,12 @@ from numba import njit, prange
 from .._checks import check_float, check_last_dim
 from ..functional.norms import LayerNormCache, RMSNormCache
 
+# The operations this module gives the numba backend (numpy_transformer.backend)
+__all__ = [
+    'layer_norm_forward', 'layer_norm_backward', 'layer_norm_backward_residual',
+    'rms_norm_forward', 'rms_norm_backward', 'rms_norm_backward_residual'
+]
+
 _ROWS = 64  # rows per block: a task for a thread, and one parameter-gradient partial sum
 # "reassoc" lets the compiler split each row sum into several SIMD partial sums. A sum in one
 # fixed order is a chain of dependent additions, 4 cycles each, and made these kernels 2x
@@ -62,13 +70,13 @@ def _rows(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1, a.shape[-1])
 
 
-def _addend(add: np.ndarray | None, like: np.ndarray):
-    """``(add as (N, C) rows of like's dtype, True)``, or ``(like, False)`` without one."""
-    if add is None:
+def _addend(dres: np.ndarray | None, like: np.ndarray):
+    """``(dres as (N, C) rows of like's dtype, True)``, or ``(like, False)`` without one."""
+    if dres is None:
         return like, False
-    if add.shape[-1] != like.shape[-1] or add.size != like.size:
-        raise ValueError(f"add must be shaped like dout, got {add.shape}")
-    return _rows(add.astype(like.dtype, copy=False)), True
+    if dres.shape[-1] != like.shape[-1] or dres.size != like.size:
+        raise ValueError(f"dres must be shaped like dout, got {dres.shape}")
+    return _rows(dres.astype(like.dtype, copy=False)), True
 
 
 def _blocks(n: int) -> int:
@@ -106,7 +114,7 @@ def _layer_norm_forward_kernel(x, w, b, eps, rows, out, x_hat, rstd):
 def _layer_norm_backward_kernel(dout, x_hat, w, rstd, add, has_add, dx, dw_part, db_part,
                                 rows):  # pragma: no cover - compiled
     # dout, x_hat, add, dx: (N, C); w: (C,); rstd: (N,); dw_part, db_part: (blocks, C)
-    # float64; add is unused unless has_add
+    # float64; add (dres) is unused unless has_add
     n, c = dout.shape
     t = dout.dtype.type
     for blk in prange(dw_part.shape[0]):
@@ -130,7 +138,7 @@ def _layer_norm_backward_kernel(dout, x_hat, w, rstd, add, has_add, dx, dw_part,
             dx_i = dx[i]
             for j in range(c):
                 dx_i[j] = r * (g_i[j] * w[j] - m1_t - xh_i[j] * m2_t)
-            if has_add:  # dx + add, while the row is in cache
+            if has_add:  # dres + dx, while the row is in cache
                 add_i = add[i]
                 for j in range(c):
                     dx_i[j] += add_i[j]
@@ -162,10 +170,17 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
             LayerNormCache(x_hat.reshape(x.shape), w, rstd.reshape(x.shape[:-1] + (1,))))
 
 
-def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache,
-                        add: np.ndarray | None = None):
-    """Returns ``(dx, dw, db)``, ``dx + add`` with ``add``; see
-    ``functional.norms.layer_norm_backward``."""
+def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
+    """Returns ``(dx, dw, db)``; see ``functional.norms.layer_norm_backward``."""
+    return _layer_norm_backward(dout, cache, None)
+
+
+def layer_norm_backward_residual(dout: np.ndarray, cache: LayerNormCache, dres: np.ndarray):
+    """Returns ``(dres + dx, dw, db)`` in one pass; see ``functional.fused``."""
+    return _layer_norm_backward(dout, cache, dres)
+
+
+def _layer_norm_backward(dout, cache, dres):
     x_hat, w, rstd = cache
     c = w.shape[0]
     dout2, x_hat2 = _rows(dout.astype(x_hat.dtype, copy=False)), _rows(x_hat)  # (N, C)
@@ -174,7 +189,7 @@ def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache,
     dw_part = np.zeros((_blocks(n), c))  # float64 partial sums, one row per block of rows
     db_part = np.zeros((_blocks(n), c))
     _layer_norm_backward_kernel(dout2, x_hat2, w.astype(x_hat.dtype, copy=False),
-                                rstd.reshape(-1), *_addend(add, x_hat2), dx, dw_part, db_part,
+                                rstd.reshape(-1), *_addend(dres, x_hat2), dx, dw_part, db_part,
                                 _ROWS)
     dt = x_hat.dtype
     return dx.reshape(x_hat.shape), dw_part.sum(axis=0).astype(dt), db_part.sum(axis=0).astype(dt)
@@ -224,7 +239,7 @@ def _rms_norm_backward_kernel(dout, x_hat, w, rrms, add, has_add, dx, dw_part, r
             dx_i = dx[i]
             for j in range(c):
                 dx_i[j] = r * (g_i[j] * w[j] - xh_i[j] * m2_t)
-            if has_add:  # dx + add, while the row is in cache
+            if has_add:  # dres + dx, while the row is in cache
                 add_i = add[i]
                 for j in range(c):
                     dx_i[j] += add_i[j]
@@ -247,13 +262,21 @@ def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
             RMSNormCache(x_hat.reshape(x.shape), w, rrms.reshape(x.shape[:-1] + (1,))))
 
 
-def rms_norm_backward(dout: np.ndarray, cache: RMSNormCache, add: np.ndarray | None = None):
-    """Returns ``(dx, dw)``, ``dx + add`` with ``add``; see
-    ``functional.norms.rms_norm_backward``."""
+def rms_norm_backward(dout: np.ndarray, cache: RMSNormCache):
+    """Returns ``(dx, dw)``; see ``functional.norms.rms_norm_backward``."""
+    return _rms_norm_backward(dout, cache, None)
+
+
+def rms_norm_backward_residual(dout: np.ndarray, cache: RMSNormCache, dres: np.ndarray):
+    """Returns ``(dres + dx, dw)`` in one pass; see ``functional.fused``."""
+    return _rms_norm_backward(dout, cache, dres)
+
+
+def _rms_norm_backward(dout, cache, dres):
     x_hat, w, rrms = cache
     dout2, x_hat2 = _rows(dout.astype(x_hat.dtype, copy=False)), _rows(x_hat)  # (N, C)
     dx = np.empty_like(x_hat2)
     dw_part = np.zeros((_blocks(dout2.shape[0]), w.shape[0]))
     _rms_norm_backward_kernel(dout2, x_hat2, w.astype(x_hat.dtype, copy=False),
-                              rrms.reshape(-1), *_addend(add, x_hat2), dx, dw_part, _ROWS)
+                              rrms.reshape(-1), *_addend(dres, x_hat2), dx, dw_part, _ROWS)
     return dx.reshape(x_hat.shape), dw_part.sum(axis=0).astype(x_hat.dtype)

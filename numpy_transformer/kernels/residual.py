@@ -11,6 +11,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+# The operations this module gives the numba backend (numpy_transformer.backend)
+__all__ = ['add_into']
+
 
 @njit(parallel=True, cache=True, nogil=True)
 def _add_into_kernel(x, sub):  # pragma: no cover - compiled

@@ -28,6 +28,9 @@ from numba import njit, prange
 from ..functional.softmax import CrossEntropyCache, counted_targets
 from .special import exp_shifted
 
+# The operations this module gives the numba backend (numpy_transformer.backend)
+__all__ = ['cross_entropy_forward', 'cross_entropy_backward']
+
 # reassoc: SIMD row sums; error_model="numpy": x / 0 gives inf/NaN as in NumPy instead of
 # raising, a check that keeps the compiler from vectorising a loop with a division
 _JIT = dict(cache=True, nogil=True, fastmath={"reassoc"}, error_model="numpy")

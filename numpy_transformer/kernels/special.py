@@ -1,7 +1,5 @@
-"""Special functions for the kernels: ``erf`` (NumPy has none) and a vectorised ``exp``.
+"""A vectorised ``exp`` for the kernels' compiled loops.
 
-* :func:`erf`, Python's ``math.erf`` compiled entry by entry. Its readable reference is
-  :func:`erf_reference`; ``tests/test_functional.py`` checks the two agree to the last bit.
 * :func:`exp_clamped`, ``exp(y)`` of one number ``y <= 0`` for compiled loops (the attention
   kernel's softmax), and :func:`exp_shifted`, ``x[:n] = exp(x[:n] - shift)`` in place (the
   cross-entropy kernel's softmax and the GELU backward). Their references are the NumPy lines
@@ -15,9 +13,6 @@ file delete ``numpy_transformer/kernels/__pycache__/*.nb[ic]`` or they keep the 
 
 from __future__ import annotations
 
-import math
-
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -27,17 +22,6 @@ from numba.extending import intrinsic, overload
 # once instead of twice): the polynomial below runs about 1.4x faster, and stays as accurate.
 # Nothing is reordered (no "reassoc"), so the Cody-Waite split keeps its meaning.
 _JIT = dict(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
-
-
-@numba.vectorize(["float32(float32)", "float64(float64)"], cache=True)
-def erf(x):  # pragma: no cover - compiled
-    """Elementwise ``erf(x)`` in the dtype of ``x``."""
-    return math.erf(x)
-
-
-def erf_reference(x: np.ndarray) -> np.ndarray:
-    """Elementwise ``math.erf``: slow, obviously right."""
-    return np.frompyfunc(math.erf, 1, 1)(x).astype(x.dtype)
 
 
 def exp_shifted(x, n, shift):

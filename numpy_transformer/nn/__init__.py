@@ -1,8 +1,8 @@
 """Modules: parameters and gradients in dicts with the same keys, one cache, forward/backward."""
 
+from ..config import TransformerConfig
 from .attention import MultiHeadAttention
 from .blocks import DecoderBlock, EncoderBlock
-from .config import TransformerConfig
 from .layers import (
     Dropout,
     Embedding,

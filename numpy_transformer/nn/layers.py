@@ -1,78 +1,31 @@
 """The basic layers: Linear, Embedding, the tied output projection, the two norms, Dropout and
 the position-wise feed-forward network.
 
-Each is a thin stateful shell around a pure forward/backward pair from
-``numpy_transformer.functional``: ``forward`` stores that pair's cache, ``backward`` passes it
-back and adds the parameter gradients into ``grads``.
-
-The layers whose pair has a Numba twin in ``numpy_transformer.kernels`` (Linear, whose rows
-the kernel shares out over the threads, the embedding backward, LayerNorm, RMSNorm and exact
-GELU; the whole ReLU feed-forward network is one kernel) take a ``backend``, as the attention
-does: ``"numpy"`` runs the readable reference, ``"numba"`` the kernel with the same contract.
-The choice is made once, in ``__init__``, and stored as the layer's ``forward``/``backward``
-pair.
+Each is a thin stateful shell around a pure forward/backward pair: ``forward`` stores that
+pair's cache, ``backward`` passes it back and adds the parameter gradients into ``grads``.
+The pairs come from ``self.ops``, the layer's :class:`~numpy_transformer.backend.Backend`,
+taken once in ``__init__`` from its ``backend`` argument (a name or a Backend): the readable
+references of ``numpy_transformer.functional`` (``"numpy"``), or the kernels with the same
+names and contracts (``"numba"``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_positive
-from ..functional.activations import (
-    dropout_backward,
-    dropout_forward,
-    gelu_backward,
-    gelu_forward,
-    gelu_tanh_backward,
-    gelu_tanh_forward,
-    relu_backward,
-    relu_forward,
-    swiglu_backward,
-    swiglu_forward,
-)
-from ..functional.embedding import embedding_backward, embedding_forward
-from ..functional.linear import linear_backward, linear_forward, linear_heads_forward
-from ..functional.norms import (
-    layer_norm_backward,
-    layer_norm_forward,
-    rms_norm_backward,
-    rms_norm_forward,
-)
+from .._checks import check_choice, check_positive
+from ..backend import Backend, get_backend
+from ..config import ACTIVATIONS, DEFAULT_BACKEND, NORMS
+from ..functional.activations import dropout_backward, dropout_forward
 from .module import Module
-
-ACTIVATION_NAMES = ("relu", "gelu", "gelu_tanh", "swiglu")
-NORM_NAMES = ("layernorm", "rmsnorm")
-BACKEND_NAMES = ("numpy", "numba")  # as nn.attention.BACKENDS
-
-
-def _check_backend(backend: str) -> None:
-    if backend not in BACKEND_NAMES:
-        raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
-
-
-def linear_backend(backend: str):
-    """``(linear_forward, linear_backward)`` of the backend ``"numpy"`` or ``"numba"``."""
-    _check_backend(backend)
-    if backend == "numba":
-        from ..kernels import linear as fast  # lazy: compiles on first import
-
-        return fast.linear_forward, fast.linear_backward
-    return linear_forward, linear_backward
-
-
-def linear_heads_backend(backend: str):
-    """``linear_heads_forward`` (attention's stacked projections, by head) of the backend."""
-    _check_backend(backend)
-    if backend == "numba":
-        from ..kernels import linear as fast  # lazy: compiles on first import
-
-        return fast.linear_heads_forward
-    return linear_heads_forward
 
 
 def _generator(rng: np.random.Generator | None) -> np.random.Generator:
     """The given generator, or a fresh unseeded one (models always pass a seeded generator)."""
     return np.random.default_rng() if rng is None else rng
+
+
+BackendArg = str | Backend  # a backend's name, or the Backend itself (what models pass down)
 
 
 class Linear(Module):
@@ -86,8 +39,9 @@ class Linear(Module):
     dtype : dtype, default float64
     rng : np.random.Generator, optional
         Source of the initial values.
-    backend : {"numpy", "numba"}, default "numpy"
-        ``"numba"`` splits the rows over the cores (``kernels/linear.py``).
+    backend : str or Backend, default ``config.DEFAULT_BACKEND``
+        Where ``linear_forward`` / ``linear_backward`` come from (numba: the rows shared out
+        over the cores, ``kernels/linear.py``).
 
     Notes
     -----
@@ -96,9 +50,10 @@ class Linear(Module):
     """
 
     def __init__(self, in_width: int, out_width: int, bias: bool = True, *, dtype=np.float64,
-                 rng: np.random.Generator | None = None, backend: str = "numpy") -> None:
+                 rng: np.random.Generator | None = None,
+                 backend: BackendArg = DEFAULT_BACKEND) -> None:
         super().__init__()
-        self.affine_forward, self.affine_backward = linear_backend(backend)
+        self.ops = get_backend(backend)
         check_positive("in_width", in_width, integer=True)
         check_positive("out_width", out_width, integer=True)
         rng = _generator(rng)
@@ -110,12 +65,12 @@ class Linear(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (..., C_in) -> out : (..., C_out)."""
-        out, self.cache = self.affine_forward(x, self.params["w"], self.params.get("b"))
+        out, self.cache = self.ops.linear_forward(x, self.params["w"], self.params.get("b"))
         return out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout : (..., C_out) -> dx : (..., C_in); adds into ``grads["w"]`` and ``grads["b"]``."""
-        dx, dw, db = self.affine_backward(dout, self.cache)
+        dx, dw, db = self.ops.linear_backward(dout, self.cache)
         self.grads["w"] += dw
         if db is not None:
             self.grads["b"] += db
@@ -133,34 +88,30 @@ class Embedding(Module):
         Initial values are N(0, std^2) (PyTorch's ``nn.Embedding`` uses std 1).
     dtype : dtype, default float64
     rng : np.random.Generator, optional
-    backend : {"numpy", "numba"}, default "numpy"
+    backend : str or Backend, default ``config.DEFAULT_BACKEND``
         The backward's scatter-add: ``np.add.at`` (reference) or a compiled loop.
     """
 
     def __init__(self, vocab: int, width: int, std: float = 1.0, *, dtype=np.float64,
-                 rng: np.random.Generator | None = None, backend: str = "numpy") -> None:
+                 rng: np.random.Generator | None = None,
+                 backend: BackendArg = DEFAULT_BACKEND) -> None:
         super().__init__()
+        self.ops = get_backend(backend)
         check_positive("vocab", vocab, integer=True)
         check_positive("width", width, integer=True)
         check_positive("std", std)
-        _check_backend(backend)
-        self.grad_rows = embedding_backward
-        if backend == "numba":
-            from ..kernels.embedding import embedding_backward as fast  # lazy: compiles
-
-            self.grad_rows = fast
         table = std * _generator(rng).standard_normal((vocab, width))  # N(0, std^2)
         self.add_param("table", table.astype(dtype))
         self.cache = None
 
     def forward(self, ids: np.ndarray) -> np.ndarray:
         """ids : int (B, T) -> out : (B, T, C). ValueError for non-integer or out-of-range ids."""
-        out, self.cache = embedding_forward(ids, self.params["table"])
+        out, self.cache = self.ops.embedding_forward(ids, self.params["table"])
         return out
 
     def backward(self, dout: np.ndarray) -> None:
         """Adds ``dout`` (B, T, C) into the rows of ``grads["table"]``; ids have no gradient."""
-        self.grads["table"] += self.grad_rows(dout, self.cache)
+        self.grads["table"] += self.ops.embedding_backward(dout, self.cache)
 
 
 class TiedOutput(Module):
@@ -174,29 +125,28 @@ class TiedOutput(Module):
     ----------
     embedding : Embedding
         The input embedding whose table (V, C) doubles as the output weight. It is not
-        registered as a child, so the shared table is counted and saved once.
-    backend : {"numpy", "numba"}, default "numpy"
-        As for :class:`Linear`.
+        registered as a child, so the shared table is counted and saved once. Its backend is
+        this projection's.
 
     References
     ----------
     Press & Wolf, "Using the Output Embedding to Improve Language Models", 2017.
     """
 
-    def __init__(self, embedding: Embedding, backend: str = "numpy") -> None:
+    def __init__(self, embedding: Embedding) -> None:
         super().__init__()
         self.embedding = embedding
-        self.affine_forward, self.affine_backward = linear_backend(backend)
+        self.ops = embedding.ops
         self.cache = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (B, T, C) -> logits : (B, T, V)."""
-        out, self.cache = self.affine_forward(x, self.embedding.params["table"].T)
+        out, self.cache = self.ops.linear_forward(x, self.embedding.params["table"].T)
         return out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout : (B, T, V) -> dx : (B, T, C); adds into the embedding's ``grads["table"]``."""
-        dx, dw, _ = self.affine_backward(dout, self.cache)  # dw is d(table^T), shape (C, V)
+        dx, dw, _ = self.ops.linear_backward(dout, self.cache)  # dw is d(table^T), (C, V)
         self.embedding.grads["table"] += dw.T
         return dx
 
@@ -209,8 +159,7 @@ class LayerNorm(Module):
     width : int
     eps : float, default 1e-5 (as ``torch.nn.LayerNorm``)
     dtype : dtype, default float64
-    backend : {"numpy", "numba"}, default "numpy"
-        ``functional.norms`` (reference) or ``kernels.norms`` (fused, same contract).
+    backend : str or Backend, default ``config.DEFAULT_BACKEND``
 
     References
     ----------
@@ -218,29 +167,33 @@ class LayerNorm(Module):
     """
 
     def __init__(self, width: int, eps: float = 1e-5, *, dtype=np.float64,
-                 backend: str = "numpy") -> None:
+                 backend: BackendArg = DEFAULT_BACKEND) -> None:
         super().__init__()
+        self.ops = get_backend(backend)
         check_positive("width", width, integer=True)
-        _check_backend(backend)
         self.eps = eps
-        self.norm_forward, self.norm_backward = layer_norm_forward, layer_norm_backward
-        if backend == "numba":
-            from ..kernels import norms  # lazy: compiles on first import
-
-            self.norm_forward, self.norm_backward = norms.layer_norm_forward, \
-                norms.layer_norm_backward
         self.add_param("w", np.ones(width, dtype=dtype))
         self.add_param("b", np.zeros(width, dtype=dtype))
         self.cache = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (..., C) -> out : (..., C)."""
-        out, self.cache = self.norm_forward(x, self.params["w"], self.params["b"], self.eps)
+        out, self.cache = self.ops.layer_norm_forward(x, self.params["w"], self.params["b"],
+                                                      self.eps)
         return out
 
-    def backward(self, dout: np.ndarray, add: np.ndarray | None = None) -> np.ndarray:
-        """dout : (..., C) -> dx, or ``dx + add`` (a residual's gradient joined in the pass)."""
-        dx, dw, db = self.norm_backward(dout, self.cache, add)
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """dout : (..., C) -> dx : (..., C); adds into ``grads["w"]`` and ``grads["b"]``."""
+        dx, dw, db = self.ops.layer_norm_backward(dout, self.cache)
+        return self._accumulate(dx, dw, db)
+
+    def backward_residual(self, dout: np.ndarray, dres: np.ndarray) -> np.ndarray:
+        """``dres + backward(dout)``: the gradient of a residual stream x read by this norm,
+        ``dres`` being what reached x around it (one pass with the numba backend)."""
+        dx, dw, db = self.ops.layer_norm_backward_residual(dout, self.cache, dres)
+        return self._accumulate(dx, dw, db)
+
+    def _accumulate(self, dx: np.ndarray, dw: np.ndarray, db: np.ndarray) -> np.ndarray:
         self.grads["w"] += dw
         self.grads["b"] += db
         return dx
@@ -255,8 +208,7 @@ class RMSNorm(Module):
     eps : float, optional
         ``None`` means ``np.finfo(dtype).eps``, as ``torch.nn.RMSNorm(eps=None)``.
     dtype : dtype, default float64
-    backend : {"numpy", "numba"}, default "numpy"
-        ``functional.norms`` (reference) or ``kernels.norms`` (fused, same contract).
+    backend : str or Backend, default ``config.DEFAULT_BACKEND``
 
     References
     ----------
@@ -264,40 +216,38 @@ class RMSNorm(Module):
     """
 
     def __init__(self, width: int, eps: float | None = None, *, dtype=np.float64,
-                 backend: str = "numpy") -> None:
+                 backend: BackendArg = DEFAULT_BACKEND) -> None:
         super().__init__()
+        self.ops = get_backend(backend)
         check_positive("width", width, integer=True)
-        _check_backend(backend)
         self.eps = eps
-        self.norm_forward, self.norm_backward = rms_norm_forward, rms_norm_backward
-        if backend == "numba":
-            from ..kernels import norms  # lazy: compiles on first import
-
-            self.norm_forward, self.norm_backward = norms.rms_norm_forward, \
-                norms.rms_norm_backward
         self.add_param("w", np.ones(width, dtype=dtype))
         self.cache = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (..., C) -> out : (..., C)."""
-        out, self.cache = self.norm_forward(x, self.params["w"], self.eps)
+        out, self.cache = self.ops.rms_norm_forward(x, self.params["w"], self.eps)
         return out
 
-    def backward(self, dout: np.ndarray, add: np.ndarray | None = None) -> np.ndarray:
-        """dout : (..., C) -> dx, or ``dx + add`` (a residual's gradient joined in the pass)."""
-        dx, dw = self.norm_backward(dout, self.cache, add)
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """dout : (..., C) -> dx : (..., C); adds into ``grads["w"]``."""
+        dx, dw = self.ops.rms_norm_backward(dout, self.cache)
+        self.grads["w"] += dw
+        return dx
+
+    def backward_residual(self, dout: np.ndarray, dres: np.ndarray) -> np.ndarray:
+        """``dres + backward(dout)``, as :meth:`LayerNorm.backward_residual`."""
+        dx, dw = self.ops.rms_norm_backward_residual(dout, self.cache, dres)
         self.grads["w"] += dw
         return dx
 
 
 def make_norm(norm: str, width: int, *, dtype=np.float64,
-              backend: str = "numpy") -> LayerNorm | RMSNorm:
+              backend: BackendArg = DEFAULT_BACKEND) -> LayerNorm | RMSNorm:
     """``LayerNorm(width)`` for ``"layernorm"``, ``RMSNorm(width)`` for ``"rmsnorm"``."""
-    if norm == "layernorm":
-        return LayerNorm(width, dtype=dtype, backend=backend)
-    if norm == "rmsnorm":
-        return RMSNorm(width, dtype=dtype, backend=backend)
-    raise ValueError(f"norm must be one of {NORM_NAMES}, got {norm!r}")
+    check_choice("norm", norm, NORMS)
+    norm_class = LayerNorm if norm == "layernorm" else RMSNorm
+    return norm_class(width, dtype=dtype, backend=backend)
 
 
 class Dropout(Module):
@@ -342,15 +292,12 @@ class FeedForward(Module):
         F, the hidden width, used as given for every activation (also for SwiGLU, whose
         gated FFN then has three (C, F)-sized matrices instead of two; LLaMA shrinks F to about
         8C/3 to keep the count of a 4C FFN -- pass that F yourself if you want it).
-    activation : {"relu", "gelu", "gelu_tanh", "swiglu"}, default "gelu"
-        ``gelu`` is the exact (erf) GELU, ``gelu_tanh`` its tanh approximation.
+    activation : str, default "gelu"
+        One of ``config.ACTIVATIONS``: ``gelu`` is the exact (erf) GELU, ``gelu_tanh`` its
+        tanh approximation, ``swiglu`` the gated unit.
     dtype : dtype, default float64
     rng : np.random.Generator, optional
-    backend : {"numpy", "numba"}, default "numpy"
-        With ``"numba"``, the linear maps run on every core (``kernels.linear``); with ReLU
-        the whole network is one kernel (``kernels.feedforward``), exact GELU runs the fused
-        pair of ``kernels.activations``; ``gelu_tanh`` and ``swiglu`` have no kernel and use
-        the reference either way.
+    backend : str or Backend, default ``config.DEFAULT_BACKEND``
 
     Notes
     -----
@@ -359,6 +306,11 @@ class FeedForward(Module):
     swiglu (children ``gate``, ``up``, ``down``; LLaMA's w1, w3, w2):
         (1) g = gate(x), u = up(x)   (2) a = silu(g) * u   (3) out = down(a)
 
+    With ReLU, (1)-(3) are one operation of the backend, ``relu_ffn_forward`` (the composition
+    in ``functional/fused.py``; with numba one kernel that keeps each chunk of rows in cache
+    through both products); ``up`` and ``down`` then only hold the parameters and gradients,
+    and the cache is that operation's.
+
     References
     ----------
     Vaswani et al., "Attention Is All You Need", 2017.
@@ -366,63 +318,45 @@ class FeedForward(Module):
     """
 
     def __init__(self, width: int, hidden: int, activation: str = "gelu", *, dtype=np.float64,
-                 rng: np.random.Generator | None = None, backend: str = "numpy") -> None:
+                 rng: np.random.Generator | None = None,
+                 backend: BackendArg = DEFAULT_BACKEND) -> None:
         super().__init__()
-        if activation not in ACTIVATION_NAMES:
-            raise ValueError(f"activation must be one of {ACTIVATION_NAMES}, got {activation!r}")
-        _check_backend(backend)
+        self.ops = get_backend(backend)
+        self.activation = check_choice("activation", activation, ACTIVATIONS)
         rng = _generator(rng)
-        self.activation = activation
         if activation == "swiglu":
             self.gate = self.add("gate", Linear(width, hidden, dtype=dtype, rng=rng,
-                                                backend=backend))
-        self.up = self.add("up", Linear(width, hidden, dtype=dtype, rng=rng, backend=backend))
+                                                backend=self.ops))
+        self.up = self.add("up", Linear(width, hidden, dtype=dtype, rng=rng, backend=self.ops))
         self.down = self.add("down", Linear(hidden, width, dtype=dtype, rng=rng,
-                                            backend=backend))
-        # the elementwise pair, chosen once; swiglu's pair takes two inputs and is called apart
-        if activation == "relu":
-            self.act_forward, self.act_backward = relu_forward, relu_backward
-        elif activation == "gelu":
-            self.act_forward, self.act_backward = gelu_forward, gelu_backward
-        elif activation == "gelu_tanh":
-            self.act_forward, self.act_backward = gelu_tanh_forward, gelu_tanh_backward
-        if backend == "numba" and activation == "gelu":
-            from ..kernels import activations as fast  # lazy: compiles on first import
-
-            self.act_forward, self.act_backward = fast.gelu_forward, fast.gelu_backward
-        # With the numba backend, the ReLU network runs as one kernel over chunks of rows,
-        # (1)-(3) for each chunk while it is in cache (``kernels/feedforward.py``); up and
-        # down then only hold the parameters and gradients
-        self.fused_forward = self.fused_backward = None
-        if backend == "numba" and activation == "relu":
-            from ..kernels import feedforward as fused  # lazy: compiles on first import
-
-            self.fused_forward, self.fused_backward = (fused.relu_ffn_forward,
-                                                       fused.relu_ffn_backward)
-        self.cache = None  # the activation's cache, or the fused kernel's
+                                            backend=self.ops))
+        self.act_forward, self.act_backward = self.ops.activation(activation)
+        self.cache = None  # the activation's cache, or relu_ffn_forward's
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (B, T, C) -> out : (B, T, C)."""
-        if self.fused_forward is not None:  # (1)-(3)
+        if self.activation == "relu":  # (1)-(3) as one operation
             up, down = self.up.params, self.down.params
-            out, self.cache = self.fused_forward(x, up["w"], up["b"], down["w"], down["b"])
+            out, self.cache = self.ops.relu_ffn_forward(x, up["w"], up["b"], down["w"],
+                                                        down["b"])
             return out
         if self.activation == "swiglu":
-            a, self.cache = swiglu_forward(self.gate(x), self.up(x))  # (1), (2)
+            a, self.cache = self.act_forward(self.gate(x), self.up(x))  # (1), (2)
         else:
             a, self.cache = self.act_forward(self.up(x))  # (1), (2)
         return self.down(a)  # (3) (B, T, C)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
-        if self.fused_backward is not None:  # (3)-(1)
-            dx, dw1, db1, dw2, db2 = self.fused_backward(dout, self.cache)
+        """dout : (B, T, C) -> dx : (B, T, C); adds into every child's ``grads``."""
+        if self.activation == "relu":  # (3)-(1)
+            dx, dw1, db1, dw2, db2 = self.ops.relu_ffn_backward(dout, self.cache)
             for layer, dw, db in ((self.up, dw1, db1), (self.down, dw2, db2)):
                 layer.grads["w"] += dw
                 layer.grads["b"] += db
             return dx
         da = self.down.backward(dout)  # (3)
         if self.activation == "swiglu":
-            dg, du = swiglu_backward(da, self.cache)  # (2)
+            dg, du = self.act_backward(da, self.cache)  # (2)
             return self.gate.backward(dg) + self.up.backward(du)  # (1) x feeds both branches
         dh = self.act_backward(da, self.cache)  # (2)
         return self.up.backward(dh)  # (1)

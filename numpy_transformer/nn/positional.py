@@ -13,24 +13,19 @@ from ..functional.positional import sinusoidal_table
 from .module import Module
 
 
-def _check_rows(length: int, max_len: int) -> None:
-    if length > max_len:
+def _check_rows(length: int, start: int, max_len: int) -> None:
+    """The positions start .. start + length - 1 must be rows of the table."""
+    if start == 0 and length > max_len:
         raise ValueError(f"sequence length {length} exceeds the position table's "
                          f"max_len {max_len}")
-
-
-def _check_length(x: np.ndarray, max_len: int, width: int) -> None:
-    check_float("x", x, ndim=3)
-    _check_rows(x.shape[1], max_len)
-    if x.shape[2] != width:
-        raise ValueError(f"x has width {x.shape[2]} (shape {x.shape}), expected {width}")
-
-
-def _check_window(x: np.ndarray, start: int, max_len: int, width: int) -> None:
-    """Like :func:`_check_length` for the positions start .. start + T - 1 (cached decoding)."""
-    if start < 0 or start + x.shape[1] > max_len:
-        raise ValueError(f"positions {start} .. {start + x.shape[1] - 1} lie outside the "
+    if start < 0 or start + length > max_len:
+        raise ValueError(f"positions {start} .. {start + length - 1} lie outside the "
                          f"position table's [0, {max_len})")
+
+
+def _check_input(x: np.ndarray, start: int, max_len: int, width: int) -> None:
+    check_float("x", x, ndim=3)
+    _check_rows(x.shape[1], start, max_len)
     if x.shape[2] != width:
         raise ValueError(f"x has width {x.shape[2]} (shape {x.shape}), expected {width}")
 
@@ -61,25 +56,19 @@ class SinusoidalPositions(Module):
         self.max_len, self.width = max_len, width
         self.buffers["table"] = sinusoidal_table(max_len, width, dtype=dtype)
 
-    def forward(self, x: np.ndarray) -> np.ndarray:
-        """x : (B, T, C) -> x + PE[:T] : (B, T, C)."""
-        _check_length(x, self.max_len, self.width)
-        return x + self.addend(x.shape[1])
+    def forward(self, x: np.ndarray, start: int = 0) -> np.ndarray:
+        """x : (B, T, C) at positions start .. start + T - 1 -> x + PE[start:start + T]."""
+        _check_input(x, start, self.max_len, self.width)
+        return x + self.addend(x.shape[1], start)
 
-    def addend(self, length: int) -> np.ndarray:
-        """PE[:length], (length, C): what :meth:`forward` adds to a sequence that long."""
-        _check_rows(length, self.max_len)
-        return self.buffers["table"][:length]
+    def addend(self, length: int, start: int = 0) -> np.ndarray:
+        """PE[start:start + length], (length, C): what :meth:`forward` adds."""
+        _check_rows(length, start, self.max_len)
+        return self.buffers["table"][start:start + length]
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """The table is a constant: ``dx = dout``."""
         return dout
-
-    # --- incremental decoding (inference only, no backward) ---
-    def forward_at(self, x: np.ndarray, start: int) -> np.ndarray:
-        """x : (B, T, C) at absolute positions start .. start + T - 1 -> x + PE[start:start+T]."""
-        _check_window(x, start, self.max_len, self.width)
-        return x + self.buffers["table"][start:start + x.shape[1]]
 
 
 class LearnedPositions(Module):
@@ -102,33 +91,25 @@ class LearnedPositions(Module):
         self.max_len, self.width = max_len, width
         rng = np.random.default_rng() if rng is None else rng
         self.add_param("table", (std * rng.standard_normal((max_len, width))).astype(dtype))
-        self.cache = None  # the sequence length T
+        self.cache = None  # (start, T): the rows the last forward added
 
-    def forward(self, x: np.ndarray) -> np.ndarray:
-        """x : (B, T, C) -> x + table[:T] : (B, T, C)."""
-        _check_length(x, self.max_len, self.width)
-        return x + self.addend(x.shape[1])
+    def forward(self, x: np.ndarray, start: int = 0) -> np.ndarray:
+        """x : (B, T, C) at positions start .. start + T - 1 -> x + table[start:start + T]."""
+        _check_input(x, start, self.max_len, self.width)
+        return x + self.addend(x.shape[1], start)
 
-    def addend(self, length: int) -> np.ndarray:
-        """table[:length], (length, C): what :meth:`forward` adds to a sequence that long.
+    def addend(self, length: int, start: int = 0) -> np.ndarray:
+        """table[start:start + length], (length, C): what :meth:`forward` adds.
 
-        Like :meth:`forward` it keeps the length for :meth:`backward` (a caller that adds the
-        rows itself, as the numba embeddings do, then calls ``backward`` as after forward).
+        Like :meth:`forward` it keeps the rows for :meth:`backward` (a caller that adds the
+        rows itself, as the embeddings do, then calls ``backward`` as after forward).
         """
-        _check_rows(length, self.max_len)
-        self.cache = length
-        return self.params["table"][:length]
+        _check_rows(length, start, self.max_len)
+        self.cache = (start, length)
+        return self.params["table"][start:start + length]
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
-        """``dtable[:T] += sum_B dout`` (every sequence used the same rows); ``dx = dout``."""
-        self.grads["table"][: self.cache] += dout.sum(axis=0)
+        """``dtable[rows] += sum_B dout`` (every sequence used the same rows); ``dx = dout``."""
+        start, length = self.cache
+        self.grads["table"][start:start + length] += dout.sum(axis=0)
         return dout
-
-    # --- incremental decoding (inference only, no backward) ---
-    def forward_at(self, x: np.ndarray, start: int) -> np.ndarray:
-        """x : (B, T, C) at absolute positions start .. start + T - 1 -> x + table[start:start+T].
-
-        Leaves ``self.cache`` alone (there is no backward for this call).
-        """
-        _check_window(x, start, self.max_len, self.width)
-        return x + self.params["table"][start:start + x.shape[1]]

@@ -1,15 +1,25 @@
-"""``TransformerConfig``: every architectural choice of the three models, in one place."""
+"""``TransformerConfig`` and the names of every choice it offers: the one place they are defined.
+
+The modules, the backend seam and the command line all read the names below; none of them
+keeps its own list. Adding a choice starts here (``docs/architecture.md`` has the recipe).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._checks import check_positive
-from .attention import BACKENDS
-from .layers import ACTIVATION_NAMES, NORM_NAMES
+from ._checks import check_choice, check_even, check_positive
 
-POSITION_NAMES = ("sinusoidal", "learned", "rope", "alibi", "none")
-DTYPE_NAMES = ("float32", "float64")
+NORMS = ("layernorm", "rmsnorm")
+# Elementwise (relu, gelu, gelu_tanh) or gated (swiglu). The feed-forward network takes the
+# pair ``<name>_forward`` / ``<name>_backward`` of its backend, so a new elementwise activation
+# is its functional pair plus its name here.
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
+POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
+DTYPES = ("float32", "float64")
+BACKENDS = ("numpy", "numba")  # numpy_transformer.backend builds each one's operations
+DEFAULT_BACKEND = "numba"  # the fused kernels: training faster than PyTorch on a CPU; "numpy"
+#   runs the readable references of numpy_transformer/functional everywhere instead
 
 
 @dataclass
@@ -37,9 +47,7 @@ class TransformerConfig:
     #   choice: with embed_scale the scaled coordinates then start at unit size, like the sines
     tie_embeddings: bool = False  # decoder output projection reuses the token embedding table
     num_classes: int | None = None  # classes per position of EncoderClassifier; unused otherwise
-    backend: str = "numba"  # "numpy": the readable references everywhere; "numba": the fused
-    #   kernels of numpy_transformer/kernels (attention, norms, ReLU/GELU, embedding backward,
-    #   and, in Trainer, the cross-entropy), each checked against its reference
+    backend: str = DEFAULT_BACKEND  # which implementation of the operations runs: see BACKENDS
     dtype: str = "float64"  # float64 for gradient checks; float32 for faster training
     seed: int = 0  # one seed fixes every initial tensor and every dropout mask
 
@@ -49,18 +57,14 @@ class TransformerConfig:
             check_positive(name, getattr(self, name), integer=True)
         if self.width % self.heads:
             raise ValueError(f"heads={self.heads} does not divide width={self.width}")
-        for name, value, allowed in (("norm", self.norm, NORM_NAMES),
-                                     ("activation", self.activation, ACTIVATION_NAMES),
-                                     ("positions", self.positions, POSITION_NAMES),
-                                     ("backend", self.backend, BACKENDS),
-                                     ("dtype", self.dtype, DTYPE_NAMES)):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-        if self.positions == "sinusoidal" and self.width % 2:
-            raise ValueError(f"sinusoidal positions need an even width, got {self.width}")
-        if self.positions == "rope" and (self.width // self.heads) % 2:
-            raise ValueError(f"rope needs an even head width, got width {self.width} / "
-                             f"heads {self.heads} = {self.width // self.heads}")
+        for name, allowed in (("norm", NORMS), ("activation", ACTIVATIONS),
+                              ("positions", POSITIONS), ("backend", BACKENDS),
+                              ("dtype", DTYPES)):
+            check_choice(name, getattr(self, name), allowed)
+        if self.positions == "sinusoidal":
+            check_even("the sinusoidal table", "width", self.width)
+        if self.positions == "rope":
+            check_even("rope", "head width (width / heads)", self.width // self.heads)
         if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout!r}")
         if self.embed_std is not None:

@@ -1,0 +1,87 @@
+"""The one seam between the readable references and the fast kernels.
+
+:func:`get_backend` turns a backend's name (``numpy_transformer.config.BACKENDS``) into a
+:class:`Backend`: a namespace holding every operation under its functional name,
+``ops.layer_norm_forward``, ``ops.sdpa_backward``, ``ops.adam_update_group``, ... Every module
+takes it once, when it is built (a model from its config), and calls the operations through
+it; nothing else in the library chooses an implementation.
+
+* ``"numpy"``: every operation is the readable reference of ``numpy_transformer/functional``,
+  including the compositions of ``functional/fused.py`` that the kernels fuse. Nothing here
+  imports Numba.
+* ``"numba"``: the same namespace, with the operations that ``numpy_transformer/kernels``
+  implements (each kernel module's ``__all__``) in place of their references. A kernel has its
+  reference's name and signature and returns what it returns; the tests hold every kernel to
+  that, and to its reference's numbers.
+
+Examples
+--------
+>>> ops = get_backend("numpy")
+>>> ops.layer_norm_forward.__module__
+'numpy_transformer.functional.norms'
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from types import ModuleType, SimpleNamespace
+
+from ._checks import check_choice
+from .config import BACKENDS, DEFAULT_BACKEND
+
+# The modules whose ``__all__`` make up a backend: the references, then the kernels over them.
+REFERENCE_MODULES = ("activations", "adam", "attention", "embedding", "fused", "linear",
+                     "norms", "positional", "softmax")
+KERNEL_MODULES = ("activations", "adam", "attention", "embedding", "feedforward", "linear",
+                  "norms", "residual", "softmax")
+
+
+class Backend(SimpleNamespace):
+    """The operations of one backend, as attributes named like their functional references.
+
+    Attributes
+    ----------
+    name : str
+        ``"numpy"`` or ``"numba"``.
+    """
+
+    name: str
+
+    def activation(self, name: str) -> tuple[Callable, Callable]:
+        """``(forward, backward)`` of the elementwise activation ``name`` (for example
+        ``"gelu"`` -> ``gelu_forward``, ``gelu_backward``)."""
+        return getattr(self, f"{name}_forward"), getattr(self, f"{name}_backward")
+
+    def __repr__(self) -> str:
+        return f"Backend({self.name!r})"
+
+
+def _operations(package: str, modules: tuple[str, ...]) -> dict[str, Callable]:
+    ops = {}
+    for name in modules:
+        module: ModuleType = importlib.import_module(f"{__package__}.{package}.{name}")
+        ops.update((op, getattr(module, op)) for op in module.__all__)
+    return ops
+
+
+@functools.cache
+def _build(name: str) -> Backend:
+    ops = _operations("functional", REFERENCE_MODULES)
+    if name == "numba":  # imported only now: the first import compiles or loads the kernels
+        ops.update(_operations("kernels", KERNEL_MODULES))
+    return Backend(name=name, **ops)
+
+
+def get_backend(backend: str | Backend = DEFAULT_BACKEND) -> Backend:
+    """The :class:`Backend` called ``backend`` (a :class:`Backend` is returned as it is).
+
+    Raises
+    ------
+    ValueError
+        If ``backend`` names no backend of ``numpy_transformer.config.BACKENDS``.
+    """
+    if isinstance(backend, Backend):
+        return backend
+    return _build(check_choice("backend", backend, BACKENDS))
