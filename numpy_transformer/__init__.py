@@ -3,43 +3,36 @@
 ``numpy_transformer.functional`` holds the math as pure forward/backward pairs,
 ``numpy_transformer.nn`` the modules and models built on it, and
 ``numpy_transformer.gradcheck`` the finite-difference checks a user can run on any of them.
+``docs/architecture.md`` shows how the pieces fit.
+
+The submodules load when first used (``numpy_transformer.nn``, ``from numpy_transformer import
+DecoderLM``), so that importing the package, or running the command line's ``--help``,
+costs no NumPy import.
 """
 
-from . import functional, gradcheck
+from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
 
-__all__ = ["functional", "gradcheck"]
+from ._version import __version__
 
-# --- nn exports (module layer) ---
-from . import nn  # noqa: E402
-from .nn import (  # noqa: E402
-    Decoder,
-    DecoderBlock,
-    DecoderLM,
-    Dropout,
-    Embedding,
-    Embeddings,
-    Encoder,
-    EncoderBlock,
-    EncoderClassifier,
-    EncoderDecoder,
-    FeedForward,
-    LayerNorm,
-    LearnedPositions,
-    Linear,
-    Module,
-    ModuleList,
-    MultiHeadAttention,
-    RMSNorm,
-    SinusoidalPositions,
-    TiedOutput,
-    TransformerConfig,
-)
+_SUBMODULES = ("functional", "gradcheck", "nn")
+_NN_EXPORTS = ("Decoder", "DecoderBlock", "DecoderLM", "Dropout", "Embedding", "Embeddings",
+               "Encoder", "EncoderBlock", "EncoderClassifier", "EncoderDecoder", "FeedForward",
+               "LayerNorm", "LearnedPositions", "Linear", "Module", "ModuleList",
+               "MultiHeadAttention", "RMSNorm", "SinusoidalPositions", "TiedOutput",
+               "TransformerConfig")
 
-__all__ += ["nn", "Decoder", "DecoderBlock", "DecoderLM", "Dropout", "Embedding", "Embeddings",
-            "Encoder", "EncoderBlock", "EncoderClassifier", "EncoderDecoder", "FeedForward",
-            "LayerNorm", "LearnedPositions", "Linear", "Module", "ModuleList",
-            "MultiHeadAttention", "RMSNorm", "SinusoidalPositions", "TiedOutput",
-            "TransformerConfig"]
-# --- end nn exports ---
+__all__ = ["__version__", *_SUBMODULES, *_NN_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    if name in _NN_EXPORTS:
+        return getattr(importlib.import_module(".nn", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import __version__
+from ._version import __version__
 from .allocator import reuse_freed_memory
 from .checkpoint import CheckpointError
 from .config import ACTIVATIONS, BACKENDS, DEFAULT_BACKEND, DTYPES, NORMS, POSITIONS

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._checks import check_choice, check_even, check_positive
-
 NORMS = ("layernorm", "rmsnorm")
 # Elementwise (relu, gelu, gelu_tanh) or gated (swiglu). The feed-forward network takes the
 # pair ``<name>_forward`` / ``<name>_backward`` of its backend, so a new elementwise activation
@@ -53,6 +51,10 @@ class TransformerConfig:
 
     def validate(self) -> TransformerConfig:
         """Raise ``ValueError`` naming the first bad value; returns ``self`` when all is well."""
+        # imported here, not above: the command line reads the names of this module before
+        # it imports NumPy (its --help answers without it), and _checks needs NumPy
+        from ._checks import check_choice, check_even, check_positive
+
         for name in ("vocab", "width", "heads", "layers", "ffn_width", "max_len"):
             check_positive(name, getattr(self, name), integer=True)
         if self.width % self.heads:

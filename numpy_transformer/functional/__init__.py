@@ -1,11 +1,11 @@
 """Pure forward/backward pairs, no state: the math of the library, readable first.
 
 Every ``*_forward`` returns ``(out, cache)`` and the matching ``*_backward(dout, cache)`` returns
-one gradient per differentiable input. Nothing here imports Numba or the kernels: this package
-is NumPy and the standard library only.
+one gradient per differentiable input. This package is NumPy and the standard library only:
+nothing here is compiled, and nothing here knows the fast backend exists.
 
-``fused.py`` writes out, as plain compositions of these pairs, the operations the numba
-backend runs as one kernel; ``adam.py`` holds the optimiser's update arithmetic.
+``fused.py`` writes out, as plain compositions of these pairs, the operations the compiled
+backend fuses into one pass; ``adam.py`` holds the optimiser's update arithmetic.
 """
 
 from .activations import (

@@ -26,8 +26,8 @@ __all__ = [
 ]
 
 # NumPy has no erf: Python's math.erf (the C library's) entry by entry, in float64, rounded
-# once to the input's dtype. Slow and obviously right; the numba backend's GELU kernels
-# (numpy_transformer/kernels/activations.py) are checked against it.
+# once to the input's dtype. Slow and obviously right; the compiled backend's GELU is checked
+# against it.
 _erf_float64 = np.frompyfunc(math.erf, 1, 1)
 
 

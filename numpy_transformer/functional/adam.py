@@ -1,10 +1,11 @@
-"""The Adam / AdamW update of a parameter, in NumPy: the reference the fused kernel follows.
+"""The Adam / AdamW update of a parameter, in NumPy: the reference the compiled update follows.
 
 :class:`numpy_transformer.optim.Adam` holds the state (moments, step count, decay rule) and
 computes the scalars; the arithmetic on the arrays is here, operation by operation in the
 order and at the rounding points of ``torch.optim.Adam`` / ``AdamW``, so a run agrees with
-PyTorch to float precision. ``kernels/adam.py`` is the same update as one pass over memory
-for all parameters at once, checked against this one bit for bit.
+PyTorch to float precision. The compiled backend (``numpy_transformer.backend``) does the same
+update in one pass over memory for all parameters at once, checked against this one bit for
+bit.
 
 Notes
 -----

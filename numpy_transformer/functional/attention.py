@@ -1,7 +1,7 @@
 """Scaled dot-product attention: the readable NumPy reference, forward next to backward.
 
-Contract shared with the fused kernel in ``numpy_transformer.kernels.attention`` (either can
-replace the other without changing any caller):
+Contract shared with the compiled, fused attention of the other backend (see
+``numpy_transformer.backend``; either can replace the other without changing any caller):
 
 * ``out, cache = sdpa_forward(q, k, v, mask=None, bias=None, scale=None)``
 * ``dq, dk, dv = sdpa_backward(dout, cache)``

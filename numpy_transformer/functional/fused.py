@@ -1,9 +1,9 @@
-"""Compositions that the numba backend runs as one fused kernel: each written here as the
-plain sequence of functional pieces it stands for.
+"""Compositions that the compiled backend fuses into one pass: each written here as the plain
+sequence of functional pieces it stands for.
 
-These are the references the fused kernels of ``numpy_transformer/kernels`` are tested
-against (same names, same signatures, same caches), and what the numpy backend runs. None of
-them adds math: read the pieces in their own files first.
+These are the references its fused versions are tested against (same names, same signatures,
+same caches), and what the numpy backend runs. None of them adds math: read the pieces in
+their own files first.
 
 * ``layer_norm_backward_residual`` / ``rms_norm_backward_residual``: a norm's backward with a
   residual connection's gradient joined, ``dx = dres + norm'(dout)`` (the pre-LN block).

@@ -81,7 +81,7 @@ def linear_heads_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, gro
     Returns
     -------
     y : ndarray of shape (S, B, H, T, D)
-        Here a view of the (B, T, S*H*D) product; the kernel's version is C-contiguous.
+        Here a view of the (B, T, S*H*D) product; the compiled version is C-contiguous.
     cache : LinearCache
     """
     check_float("x", x, ndim=3)

@@ -59,7 +59,7 @@ def counted_targets(logits: np.ndarray, targets: np.ndarray, ignore_index: int =
 
     ``flat_targets`` (N,) holds the target ids with 0 where a target is not counted;
     ``weight`` (N,) is 1/count where counted and 0 elsewhere, in the logits' dtype. Shared by
-    the reference below and the fused kernel, so both refuse the same inputs the same way.
+    the reference below and the compiled fused loss, so both refuse the same inputs alike.
     """
     check_float("logits", logits)
     targets = np.asarray(targets)
