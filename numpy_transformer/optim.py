@@ -138,15 +138,11 @@ class Adam:
 
     Notes
     -----
-    Per parameter, with g its gradient and t the step counter after ``t += 1``
-    (``functional/adam.py`` does the arithmetic)::
-
-        (0) g = g + wd * p                          Adam only (L2 in the gradient)
-        (1) p = p * (1 - lr * wd)                   AdamW only (decoupled decay)
-        (2) m = beta1 * m + (1 - beta1) * g         written m + (1 - beta1) (g - m), as torch
-        (3) v = beta2 * v + (1 - beta2) * g * g
-        (4) denom = sqrt(v) / sqrt(1 - beta2**t) + eps
-        (5) p = p - lr / (1 - beta1**t) * m / denom
+    Per parameter, with g its gradient and t the step counter after ``t += 1``, the update
+    (0)-(5) written out in ``functional/adam.py``, which does the arithmetic: an L2 term
+    ``wd * p`` joins g (Adam) or p shrinks by ``1 - lr * wd`` (AdamW), then
+    ``m = beta1 m + (1 - beta1) g``, ``v = beta2 v + (1 - beta2) g^2`` and
+    ``p = p - lr / (1 - beta1**t) * m / (sqrt(v) / sqrt(1 - beta2**t) + eps)``.
 
     Dividing by ``1 - beta**t`` corrects the bias of averages that start at zero: after one
     step ``m = (1 - beta1) g``, and ``m / (1 - beta1)`` is ``g`` itself.
