@@ -272,7 +272,7 @@ def build_parser() -> Parser:
 # Commands
 # --------------------------------------------------------------------------------------------
 
-def cmd_train(args) -> int:
+def cmd_train(args: argparse.Namespace) -> int:
     set_blas_threads(1)  # the numba kernels use the cores; see numpy_transformer/threads.py
     reuse_freed_memory()  # no fresh pages for every step's buffers; see allocator.py
     given = {k: getattr(args, k) for k in OPTION_KEYS}
@@ -292,7 +292,7 @@ def cmd_train(args) -> int:
     return start_run(config_fields, options, args.out, args.force, progress=not args.quiet)
 
 
-def cmd_sample(args) -> int:
+def cmd_sample(args: argparse.Namespace) -> int:
     from .runs.sample import sample_checkpoint
 
     set_blas_threads(1)
@@ -303,7 +303,7 @@ def cmd_sample(args) -> int:
     return EXIT_OK
 
 
-def cmd_gradcheck(args) -> int:
+def cmd_gradcheck(args: argparse.Namespace) -> int:
     from . import gradcheck_tables as tables
 
     if args.list:
@@ -328,7 +328,7 @@ def find_benchmarks(root: Path | None = None) -> dict[str, Path | None]:
     return found
 
 
-def cmd_bench(args, root: Path | None = None) -> int:
+def cmd_bench(args: argparse.Namespace, root: Path | None = None) -> int:
     unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:
         raise UsageError(f"unknown benchmark(s) {', '.join(unknown)}; choose from "
