@@ -22,27 +22,42 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 from ._version import __version__
 from .allocator import reuse_freed_memory
-from .checkpoint import CheckpointError
-from .config import ACTIVATIONS, BACKENDS, DEFAULT_BACKEND, DTYPES, NORMS, POSITIONS
-from .run_dir import checkpoint_path
-from .run_setup import TASKS, UsageError, model_from_checkpoint, resolve_options
-from .runs import (
+from .config import ACTIVATIONS, BACKENDS, DTYPES, NORMS, POSITIONS
+from .runs.options import (
+    COPY_SHIFT,
+    DEFAULT_TASK,
     EXIT_DIVERGED,
     EXIT_OK,
+    EXIT_ON_SIGNAL,
     EXIT_USAGE,
+    MODEL_DEFAULTS,
+    OPTIMIZERS,
+    OPTION_KEYS,
+    REVERSE_LENGTH,
+    RUN_FILES,
+    SAMPLE,
     SAMPLE_LENGTH,
+    SAMPLE_PROMPT,
     SAMPLE_TEMPERATURE,
-    default_prompt,
-    resume_run,
-    start_run,
+    SCHEDULES,
+    TASKS,
+    TRAIN_DEFAULTS,
+    UsageError,
+    default_run_folder,
+    resolve_options,
 )
 from .threads import set_blas_threads
+
+# Everything else this command runs (NumPy, numba, matplotlib, the run package) is imported
+# inside the command that needs it: --help and a bad option answer before any of it loads.
 
 PROG = "numpy-transformer"
 BENCHMARKS = {  # name -> script in the repository's benchmarks/ (source checkouts only)
@@ -111,6 +126,18 @@ def top_p_value(text: str) -> float:
 # The parser
 # --------------------------------------------------------------------------------------------
 
+LM = {**MODEL_DEFAULTS["lm"], **TRAIN_DEFAULTS["lm"]}  # the defaults the help shows
+TASK = {**MODEL_DEFAULTS["task"], **TRAIN_DEFAULTS["task"]}
+
+
+def default(key: str) -> str:
+    """``[value]``: the language model's default of option ``key``, for a help line."""
+    return f"[{LM[key]}]"
+
+
+TRAIN_DESCRIPTION = ("Train a Transformer and write a run folder:\n"
+                     f"{', '.join(name for name in RUN_FILES if name != SAMPLE)} and,\n"
+                     f"for language models, {SAMPLE}.")
 TRAIN_EPILOG = """\
 examples:
   numpy-transformer train                      # the chapter's char model, ~5 min, runs/char-lm
@@ -120,11 +147,13 @@ examples:
       --steps 40 --out runs/tiny
   numpy-transformer train --resume runs/tiny   # after Ctrl-C: continues bit for bit
 
-Defaults in brackets are the language model's; the synthetic tasks default to width 64,
-FFN 128, context 10 (8 for reverse), 600 steps, lr 1e-3. Ctrl-C (SIGINT) or SIGTERM writes
-a checkpoint and exits with 130 / 143; --resume continues exactly. Exit code 1 means the
-loss or a gradient went non-finite (the last good checkpoint is kept); 2 means bad input.
-"""
+""" + textwrap.fill(
+    "Defaults in brackets are the language model's; the synthetic tasks default to width "
+    f"{TASK['width']}, FFN {TASK['ffn_width']}, context {TASK['max_len']} ({REVERSE_LENGTH} "
+    f"for reverse), {TASK['steps']} steps, lr {TASK['lr']}. Ctrl-C (SIGINT) or SIGTERM writes "
+    "a checkpoint and exits with 130 / 143; --resume continues exactly. Exit code 1 means the "
+    "loss or a gradient went non-finite (the last good checkpoint is kept); 2 means bad input.",
+    width=90) + "\n"
 
 
 def build_parser() -> Parser:
@@ -139,52 +168,59 @@ def build_parser() -> Parser:
     sub.required = True
     raw = argparse.RawDescriptionHelpFormatter
 
+    # The train options' argparse default is None, "not given": resolve_options fills in the
+    # task's own defaults, and --resume refuses any option that was given.
     t = sub.add_parser("train", help="train a model (default: the char LM, ~5 minutes)",
-                       description="Train a Transformer and write a run folder:\n"
-                       "checkpoint.npz, log.jsonl, config.json, loss.png, attention.png and,\n"
-                       "for language models, sample.txt.",
-                       epilog=TRAIN_EPILOG, formatter_class=raw)
+                       description=TRAIN_DESCRIPTION, epilog=TRAIN_EPILOG, formatter_class=raw)
     g = t.add_argument_group("data")
-    g.add_argument("--task", choices=TASKS, default="lm",
+    g.add_argument("--task", choices=TASKS, default=DEFAULT_TASK,
                    help="lm: next-character model (DecoderLM); sort (EncoderClassifier), "
-                   "copy (DecoderLM, digit 3 back), reverse (EncoderDecoder) [lm]")
+                   f"copy (DecoderLM, digit {COPY_SHIFT} back), reverse (EncoderDecoder) "
+                   f"[{DEFAULT_TASK}]")
     g.add_argument("--text", metavar="FILE", help="UTF-8 text to train the LM on "
                    "[the embedded corpus: this library's own source]")
     g = t.add_argument_group("model")
-    g.add_argument("--width", type=positive_int, help="residual width C [84]")
-    g.add_argument("--heads", type=positive_int, help="attention heads, must divide width [4]")
-    g.add_argument("--layers", type=positive_int, help="blocks [2]")
-    g.add_argument("--ffn-width", type=positive_int, help="feed-forward hidden width [168]")
+    g.add_argument("--width", type=positive_int, help=f"residual width C {default('width')}")
+    g.add_argument("--heads", type=positive_int,
+                   help=f"attention heads, must divide width {default('heads')}")
+    g.add_argument("--layers", type=positive_int, help=f"blocks {default('layers')}")
+    g.add_argument("--ffn-width", type=positive_int,
+                   help=f"feed-forward hidden width {default('ffn_width')}")
     g.add_argument("--context", type=positive_int, dest="max_len", metavar="T",
-                   help="window length T = max_len, the size of the position table [100]")
-    g.add_argument("--norm", choices=NORMS, help="[layernorm]")
-    g.add_argument("--activation", choices=ACTIVATIONS, help="[relu]")
-    g.add_argument("--positions", choices=POSITIONS, help="[sinusoidal]")
+                   help="window length T = max_len, the size of the position table "
+                   f"{default('max_len')}")
+    g.add_argument("--norm", choices=NORMS, help=default("norm"))
+    g.add_argument("--activation", choices=ACTIVATIONS, help=default("activation"))
+    g.add_argument("--positions", choices=POSITIONS, help=default("positions"))
     g.add_argument("--post-ln", dest="norm_first", action="store_const", const=False,
-                   help="post-LN blocks as Vaswani et al. [pre-LN]")
-    g.add_argument("--dropout", type=dropout_rate, help="[0.0]")
-    g.add_argument("--dtype", choices=DTYPES, help="[float32]")
+                   help="post-LN blocks as Vaswani et al. "
+                   f"[{'pre-LN' if LM['norm_first'] else 'post-LN'}]")
+    g.add_argument("--dropout", type=dropout_rate, help=default("dropout"))
+    g.add_argument("--dtype", choices=DTYPES, help=default("dtype"))
     g.add_argument("--backend", choices=BACKENDS,
                    help="numpy: the readable NumPy references; numba: the fused kernels "
-                        f"(attention, norms, activations, loss) [{DEFAULT_BACKEND}]")
+                        f"(attention, norms, activations, loss) {default('backend')}")
     g = t.add_argument_group("optimisation")
-    g.add_argument("--optimizer", choices=("adam", "adamw"), help="[adam]")
-    g.add_argument("--lr", type=positive_float, help="peak learning rate [2e-3]")
-    g.add_argument("--weight-decay", type=nonneg_float, help="[0.0]")
-    g.add_argument("--warmup", type=nonneg_int, help="linear warmup steps [0]")
-    g.add_argument("--schedule", choices=("constant", "cosine"), help="[constant]")
-    g.add_argument("--clip", type=nonneg_float, help="global gradient-norm clip, 0 = off [1.0]")
-    g.add_argument("--batch", type=positive_int, help="windows per step [64]")
-    g.add_argument("--steps", type=positive_int, help="updates [1500]")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, help=default("optimizer"))
+    g.add_argument("--lr", type=positive_float, help=f"peak learning rate {default('lr')}")
+    g.add_argument("--weight-decay", type=nonneg_float, help=default("weight_decay"))
+    g.add_argument("--warmup", type=nonneg_int,
+                   help=f"linear warmup steps {default('warmup')}")
+    g.add_argument("--schedule", choices=SCHEDULES, help=default("schedule"))
+    g.add_argument("--clip", type=nonneg_float,
+                   help=f"global gradient-norm clip, 0 = off {default('clip')}")
+    g.add_argument("--batch", type=positive_int, help=f"windows per step {default('batch')}")
+    g.add_argument("--steps", type=positive_int, help=f"updates {default('steps')}")
     g.add_argument("--seed", type=nonneg_int, help="fixes the weights, the data order and "
-                   "every dropout mask [0]")
+                   f"every dropout mask {default('seed')}")
     g.add_argument("--eval-every", type=nonneg_int, help="held-out loss every N steps, "
-                   "0 = only at the end [250]")
+                   f"0 = only at the end {default('eval_every')}")
     g.add_argument("--save-every", type=nonneg_int, help="checkpoint every N steps, "
-                   "0 = only at the end [100]")
+                   f"0 = only at the end {default('save_every')}")
     g = t.add_argument_group("run folder")
-    g.add_argument("--out", metavar="RUN_DIR", help="where the run goes [runs/char-lm, or "
-                   "runs/TASK; if in use, a new folder with a timestamp suffix]")
+    g.add_argument("--out", metavar="RUN_DIR", help="where the run goes "
+                   f"[{default_run_folder('lm')}, or {default_run_folder('TASK')}; if in use, "
+                   "a new folder with a timestamp suffix]")
     g.add_argument("--force", action="store_true",
                    help="reuse a non-empty --out (our files in it are replaced)")
     g.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR "
@@ -195,19 +231,20 @@ def build_parser() -> Parser:
                        description="Continue a prompt with a trained language model.",
                        epilog="example:\n  numpy-transformer sample runs/char-lm --prompt "
                        "'def ' --length 400 --temperature 0.7 --top-k 20", formatter_class=raw)
-    s.add_argument("run", nargs="?", default="runs/char-lm", metavar="RUN_DIR|CHECKPOINT",
-                   help="a run folder or a checkpoint .npz [runs/char-lm]")
+    s.add_argument("run", nargs="?", default=str(default_run_folder("lm")),
+                   metavar="RUN_DIR|CHECKPOINT",
+                   help="a run folder or a checkpoint .npz [%(default)s]")
     s.add_argument("--prompt", help="text to continue; every character must be in the "
-                   "model's vocabulary ['def ']")
+                   f"model's vocabulary [{SAMPLE_PROMPT!r}]")
     s.add_argument("--length", type=positive_int, default=SAMPLE_LENGTH,
-                   help=f"characters to generate [{SAMPLE_LENGTH}]")
+                   help="characters to generate [%(default)s]")
     s.add_argument("--temperature", type=positive_float, default=SAMPLE_TEMPERATURE,
-                   help=f"divides the logits; < 1 is more conservative [{SAMPLE_TEMPERATURE}]")
+                   help="divides the logits; < 1 is more conservative [%(default)s]")
     s.add_argument("--top-k", type=positive_int, help="keep the k most likely tokens")
     s.add_argument("--top-p", type=top_p_value, help="keep the smallest set of tokens with "
                    "this much probability (nucleus sampling)")
     s.add_argument("--greedy", action="store_true", help="always take the most likely token")
-    s.add_argument("--seed", type=nonneg_int, default=0, help="sampling seed [0]")
+    s.add_argument("--seed", type=nonneg_int, default=0, help="sampling seed [%(default)s]")
 
     c = sub.add_parser("gradcheck", help="check every hand-written backward by finite "
                        "differences", description="Print the gradient-check tables: each "
@@ -218,7 +255,7 @@ def build_parser() -> Parser:
                        "NAME [NAME ...] --tol 1e-7", formatter_class=raw)
     c.add_argument("names", nargs="*", metavar="NAME", help="pieces to check [all]; see --list")
     c.add_argument("--tol", type=positive_float, default=1e-6,
-                   help="largest relative error accepted [1e-6]")
+                   help="largest relative error accepted [%(default)g]")
     c.add_argument("--list", action="store_true", help="list the names and exit")
 
     b = sub.add_parser("bench", help="quick benchmarks (attention, generation, a training "
@@ -235,70 +272,48 @@ def build_parser() -> Parser:
 # Commands
 # --------------------------------------------------------------------------------------------
 
-MODEL_AND_TRAIN_DESTS = ("text", "width", "heads", "layers", "ffn_width", "max_len", "norm",
-                         "activation", "positions", "norm_first", "dropout", "dtype",
-                         "backend", "optimizer", "lr", "weight_decay", "warmup", "schedule",
-                         "clip", "batch", "steps", "seed", "eval_every", "save_every")
-
-
-def cmd_train(args) -> int:
+def cmd_train(args: argparse.Namespace) -> int:
     set_blas_threads(1)  # the numba kernels use the cores; see numpy_transformer/threads.py
     reuse_freed_memory()  # no fresh pages for every step's buffers; see allocator.py
-    given = {k: getattr(args, k) for k in MODEL_AND_TRAIN_DESTS}
+    given = {k: getattr(args, k) for k in OPTION_KEYS}
     if args.resume is not None:
         extra = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
-        if args.task != "lm" or args.out or args.force:
-            extra += [flag for flag, on in (("--task", args.task != "lm"), ("--out", args.out),
-                                            ("--force", args.force)) if on]
+        extra += [flag for flag, on in (("--task", args.task != DEFAULT_TASK),
+                                        ("--out", args.out), ("--force", args.force)) if on]
         if extra:
             raise UsageError(f"--resume continues a run exactly as it was configured; drop "
                              f"{' '.join(extra)}")
+        from .runs.loop import resume_run
+
         return resume_run(args.resume, progress=not args.quiet)
     config_fields, options = resolve_options(args.task, given)
+    from .runs.loop import start_run
+
     return start_run(config_fields, options, args.out, args.force, progress=not args.quiet)
 
 
-def cmd_sample(args) -> int:
-    from .generate import generate
-    from .nn import DecoderLM
+def cmd_sample(args: argparse.Namespace) -> int:
+    from .runs.sample import sample_checkpoint
 
     set_blas_threads(1)
-    path = checkpoint_path(args.run)
-    model, tokenizer, _ = model_from_checkpoint(path)
-    if tokenizer is None or not isinstance(model, DecoderLM):
-        raise UsageError(f"{path}: sample needs a character language model (a --task lm run)")
-    prompt = default_prompt(tokenizer) if args.prompt is None else args.prompt
-    if not prompt:
-        raise UsageError("--prompt is empty; give at least one character")
-    try:
-        ids = tokenizer.encode(prompt)
-    except ValueError as e:
-        raise UsageError(f"--prompt: {e.args[0].split('; pass')[0]}") from None
-    import numpy as np
-
-    out = generate(model, ids, args.length, np.random.default_rng(args.seed),
-                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                   greedy=args.greedy)
-    print(tokenizer.decode(out), flush=True)
+    text = sample_checkpoint(args.run, args.prompt, args.length, args.seed,
+                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                             greedy=args.greedy)
+    print(text, flush=True)
     return EXIT_OK
 
 
-def cmd_gradcheck(args) -> int:
-    from . import report
+def cmd_gradcheck(args: argparse.Namespace) -> int:
+    from . import gradcheck_tables as tables
 
-    if not hasattr(report, "run_report"):
-        print(f"{PROG}: error: this version's numpy_transformer.report has no run_report",
-              file=sys.stderr)
-        return EXIT_USAGE
-    valid = list(getattr(report, "REPORT_NAMES", []))
     if args.list:
-        print("\n".join(valid))
+        print("\n".join(tables.SECTIONS))
         return EXIT_OK
-    unknown = [n for n in args.names if valid and n not in valid]
+    unknown = [n for n in args.names if n not in tables.SECTIONS]
     if unknown:
         raise UsageError(f"unknown gradcheck name(s) {', '.join(unknown)}; choose from "
-                         f"{', '.join(valid)}")
-    if report.run_report(args.names or None, tol=args.tol):
+                         f"{', '.join(tables.SECTIONS)}")
+    if tables.print_tables(args.names or None, tol=args.tol):
         return EXIT_OK
     print(f"{PROG}: gradient checks FAILED (tolerance {args.tol:g})", file=sys.stderr)
     return EXIT_DIVERGED
@@ -313,7 +328,7 @@ def find_benchmarks(root: Path | None = None) -> dict[str, Path | None]:
     return found
 
 
-def cmd_bench(args, root: Path | None = None) -> int:
+def cmd_bench(args: argparse.Namespace, root: Path | None = None) -> int:
     unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:
         raise UsageError(f"unknown benchmark(s) {', '.join(unknown)}; choose from "
@@ -348,12 +363,16 @@ def main(argv: list[str] | None = None) -> int:
                "bench": cmd_bench}[args.command]
     try:
         return command(args)
-    except (UsageError, CheckpointError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
-        return 130
+        return EXIT_ON_SIGNAL[signal.SIGINT]
+    except Exception as e:
+        from .checkpoint import CheckpointError  # loads NumPy, so only once a command ran
+
+        if not isinstance(e, (UsageError, CheckpointError)):
+            raise
+        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

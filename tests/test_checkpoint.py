@@ -13,7 +13,8 @@ from _run_helpers import TINY_FIELDS, small_text
 from numpy_transformer import checkpoint as ck
 from numpy_transformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from numpy_transformer.nn import DecoderLM, EncoderDecoder, TransformerConfig
-from numpy_transformer.run_setup import Run, resolve_options, run_from_checkpoint
+from numpy_transformer.runs.options import resolve_options
+from numpy_transformer.runs.state import Run, run_from_checkpoint
 from numpy_transformer.train import Batch
 
 

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from _run_helpers import PYTHON, TINY, one_line_error, run_cli, small_text
 
-from numpy_transformer import cli, run_setup
+from numpy_transformer import cli, gradcheck_tables
 from numpy_transformer.checkpoint import load_checkpoint
 from numpy_transformer.nn import DecoderLM, TransformerConfig
-from numpy_transformer.run_dir import read_log
+from numpy_transformer.runs.folder import read_log
+from numpy_transformer.runs.options import resolve_options
 from numpy_transformer.train import Trainer
 
 
@@ -33,7 +34,7 @@ def tiny_run(tmp_path_factory):
 # ------------------------------------------------------------------------------------ defaults
 
 def test_default_train_is_the_chapter_char_model():
-    fields, options = run_setup.resolve_options("lm", {})
+    fields, options = resolve_options("lm", {})
     assert fields == dict(width=84, heads=4, layers=2, ffn_width=168, max_len=100,
                           norm="layernorm", activation="relu", positions="sinusoidal",
                           norm_first=True, dropout=0.0, embed_scale=True, backend="numba",
@@ -76,7 +77,7 @@ def test_run_folder_has_everything(tiny_run):
                      "sample.txt"}
     for png in ("loss.png", "attention.png"):
         assert (run_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    records = read_log(run_dir / "log.jsonl")
+    records = read_log(run_dir)
     assert [r["step"] for r in records if "loss" in r] == list(range(1, 13))
     final = [r for r in records if r.get("final")]
     assert len(final) == 1 and np.isfinite(final[0]["val_loss"])
@@ -295,32 +296,24 @@ def test_bad_sampling_and_resume_input(tiny_run, tmp_path):
 
 # ----------------------------------------------------------------------- gradcheck, bench
 
-def test_gradcheck_exit_codes(monkeypatch, capsys):
-    report = pytest.importorskip("numpy_transformer.report")
-    if not hasattr(report, "run_report"):
-        pytest.skip("report.run_report not written yet")
+def test_gradcheck_exit_codes(monkeypatch):
     calls = []
-    monkeypatch.setattr(report, "run_report",
+    monkeypatch.setattr(gradcheck_tables, "print_tables",
                         lambda names=None, tol=1e-6: calls.append((names, tol)) or True)
     assert run_cli(["gradcheck", "--tol", "1e-7"])[0] == 0
     assert calls[-1] == (None, 1e-7)
-    monkeypatch.setattr(report, "run_report", lambda names=None, tol=1e-6: False)
+    monkeypatch.setattr(gradcheck_tables, "print_tables", lambda names=None, tol=1e-6: False)
     code, _, err = run_cli(["gradcheck"])
     assert code == 1 and "FAILED" in err
-    names = list(getattr(report, "REPORT_NAMES", []))
-    if names:
-        code, out, _ = run_cli(["gradcheck", "--list"])
-        assert code == 0 and out.split() == names
-        code, _, err = run_cli(["gradcheck", "no-such-piece"])
-        assert code == 2 and one_line_error(err) and names[0] in err
+    names = list(gradcheck_tables.SECTIONS)
+    code, out, _ = run_cli(["gradcheck", "--list"])
+    assert code == 0 and out.split() == names
+    code, _, err = run_cli(["gradcheck", "no-such-piece"])
+    assert code == 2 and one_line_error(err) and names[0] in err
 
 
 def test_gradcheck_really_runs_one_piece():
-    report = pytest.importorskip("numpy_transformer.report")
-    names = list(getattr(report, "REPORT_NAMES", []))
-    if not hasattr(report, "run_report") or not names:
-        pytest.skip("report.run_report / REPORT_NAMES not written yet")
-    code, out, err = run_cli(["gradcheck", names[0]])
+    code, out, err = run_cli(["gradcheck", "ops"])
     assert code == 0, out + err
 
 

@@ -296,5 +296,6 @@ def test_freeze_tool_concatenates_with_headers(tmp_path):
     assert text == "# file: a.md\n# Title\nline\n\n# file: b.py\nx = 1\n"
     files = [p.relative_to(freeze.ROOT).as_posix() for p in freeze.corpus_files()]
     assert "numpy_transformer/optim.py" in files and "tests/test_data.py" in files
+    assert "numpy_transformer/runs/loop.py" in files  # a package named runs is not a run folder
     assert not any(f.startswith("numpy_transformer/data/") or "__pycache__" in f
                    for f in files)

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from _run_helpers import PYTHON, TINY, TINY_FIELDS, one_line_error, run_cli, small_text
 
-from numpy_transformer import run_setup, runs
 from numpy_transformer.checkpoint import load_checkpoint
-from numpy_transformer.run_dir import read_log
+from numpy_transformer.runs.folder import read_log
+from numpy_transformer.runs.loop import resume_run, start_run
+from numpy_transformer.runs.options import UsageError, resolve_options
 from numpy_transformer.train import Trainer
 
 STEPS = 24
@@ -28,15 +29,15 @@ def options(task, tmp_path, **extra):
         given["text"] = small_text(tmp_path)
     else:
         given["max_len"] = 6
-    return run_setup.resolve_options(task, given)
+    return resolve_options(task, given)
 
 
 def losses(run_dir):
-    return [(r["step"], r["loss"]) for r in read_log(run_dir / "log.jsonl") if "loss" in r]
+    return [(r["step"], r["loss"]) for r in read_log(run_dir) if "loss" in r]
 
 
 def evals(run_dir):
-    return [(r["step"], r["val_loss"]) for r in read_log(run_dir / "log.jsonl")
+    return [(r["step"], r["val_loss"]) for r in read_log(run_dir)
             if "val_loss" in r]
 
 
@@ -78,7 +79,7 @@ def reference(tmp_path_factory):
         if task not in made:
             tmp = tmp_path_factory.mktemp(f"ref-{task}")
             fields, opts = options(task, tmp)
-            assert runs.start_run(fields, opts, str(tmp / "run"), False, progress=False) == 0
+            assert start_run(fields, opts, str(tmp / "run"), False, progress=False) == 0
             made[task] = tmp / "run"
         return made[task]
 
@@ -94,10 +95,10 @@ def test_stop_and_resume_is_bit_exact(task, k, reference, tmp_path, monkeypatch,
     run_dir = tmp_path / "run"
     with monkeypatch.context() as m:
         stop_at(m, k)
-        assert runs.start_run(fields, opts, str(run_dir), False, progress=False) == 130
+        assert start_run(fields, opts, str(run_dir), False, progress=False) == 130
     assert "--resume" in capsys.readouterr().err
     assert load_checkpoint(run_dir / "checkpoint.npz").step == k
-    assert runs.resume_run(run_dir, progress=False) == 0
+    assert resume_run(run_dir, progress=False) == 0
     assert_same_run(run_dir, reference(task))
 
 
@@ -111,7 +112,7 @@ def test_negative_control_lost_generator_state_changes_the_run(task, state, refe
     run_dir = tmp_path / "run"
     with monkeypatch.context() as m:
         stop_at(m, 7)
-        assert runs.start_run(fields, opts, str(run_dir), False, progress=False) == 130
+        assert start_run(fields, opts, str(run_dir), False, progress=False) == 130
     path = run_dir / "checkpoint.npz"
     with np.load(path, allow_pickle=False) as npz:
         arrays = {k: npz[k] for k in npz.files}
@@ -119,7 +120,7 @@ def test_negative_control_lost_generator_state_changes_the_run(task, state, refe
     rng[state] = np.random.default_rng(12345).bit_generator.state
     arrays["rng"] = np.array(json.dumps(rng))
     np.savez(path, **arrays)
-    assert runs.resume_run(run_dir, progress=False) == 0
+    assert resume_run(run_dir, progress=False) == 0
     assert losses(run_dir)[:7] == losses(reference(task))[:7]
     assert losses(run_dir)[7:] != losses(reference(task))[7:]
 
@@ -132,10 +133,10 @@ def test_resume_forgets_log_lines_written_after_the_checkpoint(reference, tmp_pa
     run_dir = tmp_path / "run"
     with monkeypatch.context() as m:
         stop_at(m, 5)
-        assert runs.start_run(fields, opts, str(run_dir), False, progress=False) == 130
+        assert start_run(fields, opts, str(run_dir), False, progress=False) == 130
     with open(run_dir / "log.jsonl", "a") as log:
         log.write(json.dumps({"step": 6, "loss": 123.0}) + "\n" + '{"step": 7, "lo')
-    assert runs.resume_run(run_dir, progress=False) == 0
+    assert resume_run(run_dir, progress=False) == 0
     assert [s for s, _ in losses(run_dir)] == list(range(1, STEPS + 1))
     assert_same_run(run_dir, reference("lm"))
 
@@ -146,7 +147,7 @@ def test_resume_of_a_finished_run_does_nothing(reference, tmp_path, capsys):
     run_dir = tmp_path / "done"
     shutil.copytree(reference("lm"), run_dir)
     before = (run_dir / "checkpoint.npz").read_bytes()
-    assert runs.resume_run(run_dir, progress=False) == 0
+    assert resume_run(run_dir, progress=False) == 0
     assert "already finished" in capsys.readouterr().out
     assert (run_dir / "checkpoint.npz").read_bytes() == before
 
@@ -156,10 +157,10 @@ def test_same_run_stopped_in_a_folder_points_to_resume(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     with monkeypatch.context() as m:
         stop_at(m, 4)
-        assert runs.start_run(fields, opts, str(run_dir), False, progress=False) == 130
-    with pytest.raises(run_setup.UsageError, match=f"stopped at step 4; continue it with "
+        assert start_run(fields, opts, str(run_dir), False, progress=False) == 130
+    with pytest.raises(UsageError, match=f"stopped at step 4; continue it with "
                        f"'numpy-transformer train --resume {run_dir}'"):
-        runs.start_run(fields, opts, str(run_dir), False, progress=False)
+        start_run(fields, opts, str(run_dir), False, progress=False)
 
 
 def test_resume_after_a_stop_during_the_report_writes_it_again(reference, tmp_path, capsys):
@@ -170,10 +171,10 @@ def test_resume_after_a_stop_during_the_report_writes_it_again(reference, tmp_pa
     run_dir = tmp_path / "done"
     shutil.copytree(reference("lm"), run_dir)
     (run_dir / "sample.txt").unlink()
-    assert runs.resume_run(run_dir, progress=False) == 0
+    assert resume_run(run_dir, progress=False) == 0
     assert "writing its report" in capsys.readouterr().out
     assert_same_run(run_dir, reference("lm"))
-    assert sum(1 for r in read_log(run_dir / "log.jsonl") if r.get("final")) == 1
+    assert sum(1 for r in read_log(run_dir) if r.get("final")) == 1
 
 
 def test_resume_refuses_changed_training_text(tmp_path, monkeypatch):
@@ -181,7 +182,7 @@ def test_resume_refuses_changed_training_text(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     with monkeypatch.context() as m:
         stop_at(m, 4)
-        assert runs.start_run(fields, opts, str(run_dir), False, progress=False) == 130
+        assert start_run(fields, opts, str(run_dir), False, progress=False) == 130
     small_text(tmp_path).write_text("something else entirely " * 100, encoding="utf-8")
     code, _, err = run_cli(["train", "--resume", run_dir, "--quiet"])
     assert code == 2 and one_line_error(err) and "training data changed" in err
@@ -228,5 +229,5 @@ def test_signal_handlers_are_restored_after_training(tmp_path, monkeypatch):
     fields, opts = options("lm", tmp_path)
     with monkeypatch.context() as m:
         stop_at(m, 3, signal.SIGTERM)
-        assert runs.start_run(fields, opts, str(tmp_path / "run"), False, progress=False) == 143
+        assert start_run(fields, opts, str(tmp_path / "run"), False, progress=False) == 143
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before

@@ -24,15 +24,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "numpy_transformer" / "assets" / "corpus.txt"
-SKIP_DIRS = {"__pycache__", "build", "dist", "runs", "node_modules"}
+SKIP_DIRS = {"__pycache__", "build", "dist", "node_modules"}
+# The package data, and the run folders `numpy-transformer train` makes in the repository (not
+# the package numpy_transformer/runs/, which is code).
+SKIP_PATHS = (("numpy_transformer", "assets"), ("runs",))
 
 
 def _visible(path: Path) -> bool:
-    """False for files inside hidden, cache or build folders, or the package data folder."""
+    """False for files inside hidden, cache or build folders, the package data folder or the
+    repository's run folders."""
     parts = path.relative_to(ROOT).parts[:-1]
     if any(p.startswith(".") or p in SKIP_DIRS or p.endswith(".egg-info") for p in parts):
         return False
-    return parts[:2] != ("numpy_transformer", "assets")
+    return not any(parts[:len(skip)] == skip for skip in SKIP_PATHS)
 
 
 def corpus_files(root: Path = ROOT) -> list[Path]:

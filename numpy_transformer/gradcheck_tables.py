@@ -1,6 +1,6 @@
-"""The gradient-check report: every op, module and model family against finite differences.
+"""The gradient-check tables: every op, module and model family against finite differences.
 
-``numpy-transformer gradcheck`` prints it. It is the first thing to run when studying the
+``numpy-transformer gradcheck`` prints them. It is the first thing to run when studying the
 gradients: each table row is one named tensor, with the worst absolute and relative error of
 the hand-written backward against central differences in float64.
 """
@@ -112,16 +112,16 @@ def model_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckRep
                                                                  title=f"{t}: random direction")
 
 
-REPORT_NAMES = {"ops": op_checks, "modules": module_checks, "models": model_checks}
+SECTIONS = {"ops": op_checks, "modules": module_checks, "models": model_checks}
 
 
-def run_report(names: list[str] | None = None, tol: float = 1e-6, seed: int = 0) -> bool:
+def print_tables(names: list[str] | None = None, tol: float = 1e-6, seed: int = 0) -> bool:
     """Print the gradient-check tables of the named sections (default: all of them).
 
     Parameters
     ----------
     names : list of str, optional
-        Sections from ``REPORT_NAMES``: ``"ops"``, ``"modules"``, ``"models"``.
+        Sections from ``SECTIONS``: ``"ops"``, ``"modules"``, ``"models"``.
     tol : float
         Largest relative error a tensor may have.
     seed : int
@@ -137,16 +137,16 @@ def run_report(names: list[str] | None = None, tol: float = 1e-6, seed: int = 0)
     ValueError
         For an unknown section name.
     """
-    names = list(REPORT_NAMES) if not names else names
-    unknown = [n for n in names if n not in REPORT_NAMES]
+    names = list(SECTIONS) if not names else names
+    unknown = [n for n in names if n not in SECTIONS]
     if unknown:
-        raise ValueError(f"unknown report section {unknown[0]!r}; choose from "
-                         f"{', '.join(REPORT_NAMES)}")
+        raise ValueError(f"unknown gradcheck section {unknown[0]!r}; choose from "
+                         f"{', '.join(SECTIONS)}")
     rng = np.random.default_rng(seed)
     passed = failed = 0
     for name in names:
         print(f"=== {name} " + "=" * 60, flush=True)
-        for check in REPORT_NAMES[name](rng):
+        for check in SECTIONS[name](rng):
             report = check()
             verdict = "ok" if report.ok(tol) else f"FAILED (tolerance {tol:g})"
             print(f"{report}\n  -> {verdict}\n", flush=True)

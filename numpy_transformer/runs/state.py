@@ -1,23 +1,21 @@
-"""Setting up a training run: the options, and the :class:`Run` they build in memory.
+"""A run in memory: the data, model, optimiser, trainer and every random generator of one
+training run, built from its options or rebuilt from its checkpoint.
 
-:func:`resolve_options` merges what the user gave into the task's defaults (the chapter's
-character model for ``--task lm``, a small model for the synthetic tasks); :class:`Run` builds
-the data, model, optimizer, trainer and every random generator of one run from those options;
-:func:`run_from_checkpoint` rebuilds the same run from a checkpoint and loads it, and
-:func:`model_from_checkpoint` rebuilds just the model (and tokenizer) for sampling.
-:class:`UsageError` is bad input from the user, wherever a run finds it.
+:class:`Run` builds everything from the options of :func:`~.options.resolve_options`;
+:func:`run_from_checkpoint` rebuilds the same run from a checkpoint and loads the checkpoint
+into it (that is all ``--resume`` needs before training on); :func:`model_from_checkpoint`
+rebuilds just the model and its tokenizer, for sampling.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import (
+from ..checkpoint import (
     CheckpointError,
     dropout_layers,
     load_checkpoint,
@@ -25,8 +23,7 @@ from .checkpoint import (
     save_checkpoint,
     set_rng_states,
 )
-from .config import DEFAULT_BACKEND
-from .data import (
+from ..data import (
     CharTokenizer,
     fingerprint,
     fixed_window_loss,
@@ -35,89 +32,13 @@ from .data import (
     train_val_split,
     window_schedule,
 )
-from .functional.softmax import cross_entropy_forward
-from .nn import DecoderLM, EncoderClassifier, EncoderDecoder, TransformerConfig
-from .optim import Adam, AdamW
-from .schedules import constant_lr, warmup_cosine
-from .tasks import IGNORE_INDEX, copy_back_batch, reverse_batch, sort_batch
-from .train import Batch, Trainer
-
-TASKS = ("lm", "sort", "copy", "reverse")
-COPY_SHIFT = 3  # the copy task predicts the digit 3 places back
-
-# The chapter's character model and its training recipe. 1,500 steps of 0.1-0.15 s (float32,
-# two cores, an otherwise idle machine) plus evaluation, plots and a sample: about four to five
-# minutes. Measured under load: a step is ~0.45 s with one BLAS thread on a third of a core,
-# i.e. ~0.15 s on a whole one. Lower it here if your machine is slower.
-MODEL_DEFAULTS = {
-    "lm": dict(width=84, heads=4, layers=2, ffn_width=168, max_len=100, norm="layernorm",
-               activation="relu", positions="sinusoidal", norm_first=True, dropout=0.0,
-               embed_scale=True),
-    # The synthetic tasks: short digit sequences, a small model learns them in a minute.
-    "task": dict(width=64, heads=4, layers=2, ffn_width=128, max_len=10, norm="layernorm",
-                 activation="relu", positions="sinusoidal", norm_first=True, dropout=0.0,
-                 embed_scale=False),
-}
-TRAIN_DEFAULTS = {
-    "lm": dict(steps=1500, batch=64, lr=2e-3, optimizer="adam", weight_decay=0.0, warmup=0,
-               schedule="constant", clip=1.0, seed=0, eval_every=250, save_every=100,
-               text=None),
-    "task": dict(steps=600, batch=64, lr=1e-3, optimizer="adam", weight_decay=0.0, warmup=0,
-                 schedule="constant", clip=1.0, seed=0, eval_every=200, save_every=100,
-                 text=None),
-}
-TRAIN_KEYS = tuple(TRAIN_DEFAULTS["lm"])
-MODEL_KEYS = tuple(MODEL_DEFAULTS["lm"]) + ("backend", "dtype")
-
-
-class UsageError(ValueError):
-    """Bad input from the user: printed as one line, exit code 2."""
-
-
-def say(*parts: object) -> None:
-    """Print one message of the run on stdout, flushed."""
-    print(*parts, flush=True)
-
-
-# --------------------------------------------------------------------------------------------
-# Options
-# --------------------------------------------------------------------------------------------
-
-def resolve_options(task: str, given: dict) -> tuple[dict, dict]:
-    """Merge the options the user gave (``None`` = not given) into the task's defaults.
-
-    Returns ``(config_fields, train_options)``: keyword arguments of TransformerConfig
-    (without ``vocab``, which the data decides) and the training options, ``task`` included.
-    """
-    if task not in TASKS:
-        raise UsageError(f"--task must be one of {TASKS}, got {task!r}")
-    kind = "lm" if task == "lm" else "task"
-    model = dict(MODEL_DEFAULTS[kind], backend=DEFAULT_BACKEND, dtype="float32")
-    if task == "reverse":
-        model["max_len"] = 8
-    train = dict(TRAIN_DEFAULTS[kind])
-    for key, value in given.items():
-        if value is None:
-            continue
-        if key in model:
-            model[key] = value
-        elif key in train:
-            train[key] = value
-        else:
-            raise UsageError(f"unknown option {key!r}")
-    if task != "lm" and train["text"] is not None:
-        raise UsageError(f"--text is for --task lm; the {task} task makes its own data")
-    if train["schedule"] == "cosine" and train["warmup"] >= train["steps"]:
-        raise UsageError(f"--warmup {train['warmup']} must be smaller than --steps "
-                         f"{train['steps']} for the cosine schedule")
-    if task == "copy" and model["max_len"] <= COPY_SHIFT:
-        raise UsageError(f"the copy task predicts the digit {COPY_SHIFT} places back: --context "
-                         f"must exceed {COPY_SHIFT}, got {model['max_len']}")
-    if train["text"] is not None:
-        train["text"] = os.path.abspath(train["text"])  # resume works from any folder
-    train["task"] = task
-    return model, train
-
+from ..functional.softmax import cross_entropy_forward
+from ..nn import DecoderLM, EncoderClassifier, EncoderDecoder, TransformerConfig
+from ..optim import Adam, AdamW
+from ..schedules import constant_lr, warmup_cosine
+from ..tasks import IGNORE_INDEX, copy_back_batch, reverse_batch, sort_batch
+from ..train import Batch, Trainer
+from .options import COPY_SHIFT, MODEL_KEYS, TRAIN_KEYS, UsageError
 
 # --------------------------------------------------------------------------------------------
 # A run in memory: data, model, optimizer, generators
@@ -283,7 +204,7 @@ class Run:
 
 
 def _embedded_corpus() -> str:
-    from .corpus import load_corpus
+    from ..corpus import load_corpus
 
     return load_corpus()
 

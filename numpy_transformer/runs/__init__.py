@@ -1,0 +1,23 @@
+"""Training runs on disk: start a run, train it, checkpoint it, resume it exactly, report.
+
+The command line (:mod:`numpy_transformer.cli`) parses arguments; everything a run *does*
+lives in this package, so it can be driven from Python and tested without a subprocess. Each
+module imports only those above it in this list, never one below:
+
+``options``
+    the tasks and their defaults, :func:`~.options.resolve_options`, the files of a run
+    folder, the exit codes, :class:`~.options.UsageError` (standard library only: the command
+    line reads it before NumPy is loaded)
+``folder``
+    the run folder: choosing it, refusing to overwrite it, its checkpoint and its log
+``state``
+    :class:`~.state.Run`, a run in memory, built from options or rebuilt from a checkpoint
+``sample``
+    text from a trained language model (``numpy-transformer sample``)
+``report``
+    what a run writes after its last step: held-out loss, plots, a sample
+``loop``
+    :func:`~.loop.start_run`, :func:`~.loop.resume_run` and the training loop between them
+
+This file imports none of them, so ``import numpy_transformer.runs.options`` stays light.
+"""

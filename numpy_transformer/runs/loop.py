@@ -1,0 +1,149 @@
+"""Training a run: start a new one, resume a stopped one exactly, and the loop between them.
+
+Exact resume
+------------
+Everything random is drawn from generators that are either saved or re-derived: the LM's
+window schedule is drawn up front from ``default_rng(seed)`` (so it is recomputed, and its
+fingerprint checked, on resume); the synthetic tasks draw each batch from a data generator
+whose state is saved; every Dropout layer's generator and the sampler's generator are saved.
+The step count is the position in the schedule. With the weights and Adam's moments saved
+bit for bit, step k + 1 after a resume computes exactly what it would have computed.
+
+Exit codes (:mod:`.options`): 0 finished, 1 training diverged (non-finite loss or gradient;
+the last good checkpoint is left untouched), 2 bad input (options, files, run folder,
+checkpoint), 130 stopped by SIGINT (Ctrl-C), 143 stopped by SIGTERM; in the last two cases a
+checkpoint was written first and ``numpy-transformer train --resume RUN_DIR`` continues.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..checkpoint import load_checkpoint
+from ..train import NonFiniteError, ProgressBar
+from .folder import checkpoint_path, cut_log, existing_run_folder, log_path, new_run_folder
+from .options import EXIT_DIVERGED, EXIT_OK, EXIT_ON_SIGNAL, UsageError, say
+from .report import has_report, write_report
+from .state import Run, run_from_checkpoint
+
+
+def start_run(config_fields: dict, options: dict, out: str | None, force: bool,
+              progress: bool = True) -> int:
+    """Build a new run, prepare its folder and train it; returns the exit code."""
+    try:
+        run = Run(config_fields, options)
+    except ValueError as e:  # load_text and friends name the problem
+        raise UsageError(str(e)) from None
+    run_dir = new_run_folder(out, options["task"], run.description(), force)
+    c = run.config
+    say(f"run folder {run_dir}")
+    say(f"{type(run.model).__name__}: {run.model.num_parameters():,} parameters, width "
+        f"{c.width}, {c.heads} heads, {c.layers} layers, FFN {c.ffn_width} {c.activation}, "
+        f"{c.positions} positions, context {c.max_len}, {c.dtype}, {c.backend} attention")
+    if run.tokenizer is not None:
+        source = options["text"] or "the embedded corpus"
+        say(f"data: {source}, {len(run.train_ids) + len(run.val_ids):,} characters, "
+            f"vocabulary {run.tokenizer.vocab_size}; {options['steps']} steps of "
+            f"{options['batch']} windows")
+    run.save(checkpoint_path(run_dir))  # step 0: a run folder always holds a checkpoint
+    return train(run, run_dir, progress)
+
+
+def resume_run(run_dir: str | Path, progress: bool = True) -> int:
+    """Continue the run in ``run_dir`` from its checkpoint; returns the exit code.
+
+    1. Rebuild the run from its checkpoint (:func:`~.state.run_from_checkpoint` checks that
+       the data and config are still those it was trained with).
+    2. A run that finished and wrote its report: nothing to do.
+    3. Drop the log lines written after the checkpoint: those steps are recomputed, identically.
+    4. Finished but stopped while writing the report: write the report again (the sampler's
+       generator comes from the checkpoint, so the sample is the same). Otherwise train on.
+    """
+    run_dir = existing_run_folder(run_dir)
+    path = checkpoint_path(run_dir)
+    ckpt = load_checkpoint(path)
+    run = run_from_checkpoint(ckpt, path)
+    steps = run.options["steps"]
+    finished = ckpt.meta.get("finished") and ckpt.step >= steps
+    if finished and has_report(run, run_dir):
+        say(f"{run_dir} already finished its {steps} steps; nothing to resume")
+        return EXIT_OK
+    cut_log(run_dir, ckpt.step)
+    if finished:
+        say(f"{run_dir} finished training; writing its report")
+        return write_report(run, run_dir)
+    say(f"resuming {run_dir} at step {ckpt.step} of {steps}")
+    return train(run, run_dir, progress)
+
+
+class _StopRequest:
+    """Turns SIGINT and SIGTERM into a flag the loop checks between steps: the step in
+    flight finishes, a checkpoint is written, then the run exits."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.previous: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+
+    def __enter__(self) -> _StopRequest:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def train(run: Run, run_dir: Path, progress: bool = True) -> int:
+    """The training loop with logging, periodic evaluation and checkpoints, then the report."""
+    o = run.options
+    steps, trainer = o["steps"], run.trainer
+    ckpt_path = checkpoint_path(run_dir)
+    saved_at = trainer.step_count
+    bar = ProgressBar(steps) if progress else None
+    # NumPy's overflow warnings are noise here: the Trainer checks every step for non-finite
+    # values itself and stops with a NonFiniteError that names the step and the tensor.
+    with _StopRequest() as stop, open(log_path(run_dir), "a", encoding="utf-8") as log, \
+            np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        try:
+            while trainer.step_count < steps and stop.signum is None:
+                r = trainer.step(run.batch(trainer.step_count))
+                log.write(json.dumps({"step": r.step, "loss": r.loss, "lr": r.lr,
+                                      "grad_norm": r.grad_norm,
+                                      "tokens_per_s": r.tokens_per_s}) + "\n")
+                log.flush()
+                if bar:
+                    bar.update(r)
+                if o["eval_every"] and r.step % o["eval_every"] == 0 and r.step < steps:
+                    log.write(json.dumps({"step": r.step, **run.evaluate()}) + "\n")
+                    log.flush()
+                if o["save_every"] and r.step % o["save_every"] == 0 and r.step < steps:
+                    run.save(ckpt_path)
+                    saved_at = r.step
+        except NonFiniteError as e:
+            if bar:
+                bar.close()
+            print(f"numpy-transformer: error: training diverged: {e}; the last good "
+                  f"checkpoint (step {saved_at}) in {run_dir} is left untouched",
+                  file=sys.stderr, flush=True)
+            return EXIT_DIVERGED
+        if bar:
+            bar.close()
+        if stop.signum is not None:
+            if saved_at != trainer.step_count:
+                run.save(ckpt_path)
+            name = signal.Signals(stop.signum).name
+            print(f"{name}: stopped after step {trainer.step_count} of {steps}; checkpoint "
+                  f"saved. Continue with: numpy-transformer train --resume {run_dir}",
+                  file=sys.stderr, flush=True)
+            return EXIT_ON_SIGNAL[stop.signum]
+        run.save(ckpt_path, finished=True)
+    return write_report(run, run_dir)

@@ -1,0 +1,145 @@
+"""What a run is asked to do: the tasks and their defaults, the files of a run folder, the exit
+codes, and the one error that means bad input.
+
+This module is the bottom of :mod:`numpy_transformer.runs` and imports nothing but the standard
+library and the config's names, so the command line can build its help and refuse a bad option
+before NumPy is loaded. Every other module of the package may import it; it imports none of them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from ..config import DEFAULT_BACKEND
+
+
+class UsageError(ValueError):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+def say(*parts: object) -> None:
+    """Print one message of the run on stdout, flushed."""
+    print(*parts, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Exit codes
+# --------------------------------------------------------------------------------------------
+
+EXIT_OK = 0  # finished (also: --resume of a run that had already finished)
+EXIT_DIVERGED = 1  # a non-finite loss or gradient; the last good checkpoint is left untouched
+EXIT_USAGE = 2  # bad input: an option, a file, a run folder, a checkpoint
+EXIT_ON_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + signal number, as a shell
+
+
+# --------------------------------------------------------------------------------------------
+# The files of a run folder
+# --------------------------------------------------------------------------------------------
+
+RUN_FILES = {  # every file a run writes into its folder, in the order it first writes them
+    "config.json": "the model config and the training options (written first)",
+    "checkpoint.npz": "weights, Adam moments, step, every RNG state (see checkpoint.py)",
+    "log.jsonl": 'one JSON line per step {"step", "loss", "lr", "grad_norm", "tokens_per_s"} '
+                 'and per evaluation {"step", "val_loss", ["val_acc"], ["final"]}',
+    "loss.png": "training loss (and held-out loss) against step",
+    "attention.png": "last layer's attention weights on a held-out snippet, one panel per head",
+    "sample.txt": "for language models: a sample from the final model",
+}
+CONFIG, CHECKPOINT, LOG, LOSS_PLOT, ATTENTION_PLOT, SAMPLE = RUN_FILES  # their names
+REPORT_FILES = (LOSS_PLOT, ATTENTION_PLOT, SAMPLE)  # written after the last step (report.py)
+
+
+def files_of(task: str, names: tuple[str, ...] = tuple(RUN_FILES)) -> tuple[str, ...]:
+    """Those of ``names`` that a run of ``task`` writes: only a language model writes a sample."""
+    return tuple(name for name in names if task == "lm" or name != SAMPLE)
+
+
+# --------------------------------------------------------------------------------------------
+# The tasks and their defaults
+# --------------------------------------------------------------------------------------------
+
+TASKS = ("lm", "sort", "copy", "reverse")
+DEFAULT_TASK = "lm"
+COPY_SHIFT = 3  # the copy task predicts the digit 3 places back
+REVERSE_LENGTH = 8  # the reverse task's source length (its default --context)
+
+# The chapter's character model and its training recipe. 1,500 steps of 0.1-0.15 s (float32,
+# two cores, an otherwise idle machine) plus evaluation, plots and a sample: about four to five
+# minutes. Measured under load: a step is ~0.45 s with one BLAS thread on a third of a core,
+# i.e. ~0.15 s on a whole one. Lower it here if your machine is slower.
+MODEL_DEFAULTS = {
+    "lm": dict(width=84, heads=4, layers=2, ffn_width=168, max_len=100, norm="layernorm",
+               activation="relu", positions="sinusoidal", norm_first=True, dropout=0.0,
+               embed_scale=True, backend=DEFAULT_BACKEND, dtype="float32"),
+    # The synthetic tasks: short digit sequences, a small model learns them in a minute.
+    "task": dict(width=64, heads=4, layers=2, ffn_width=128, max_len=10, norm="layernorm",
+                 activation="relu", positions="sinusoidal", norm_first=True, dropout=0.0,
+                 embed_scale=False, backend=DEFAULT_BACKEND, dtype="float32"),
+}
+TRAIN_DEFAULTS = {
+    "lm": dict(steps=1500, batch=64, lr=2e-3, optimizer="adam", weight_decay=0.0, warmup=0,
+               schedule="constant", clip=1.0, seed=0, eval_every=250, save_every=100,
+               text=None),
+    "task": dict(steps=600, batch=64, lr=1e-3, optimizer="adam", weight_decay=0.0, warmup=0,
+                 schedule="constant", clip=1.0, seed=0, eval_every=200, save_every=100,
+                 text=None),
+}
+MODEL_KEYS = tuple(MODEL_DEFAULTS["lm"])  # TransformerConfig fields a run sets (not vocab)
+TRAIN_KEYS = tuple(TRAIN_DEFAULTS["lm"])
+SET_BY_TASK = ("embed_scale",)  # the task decides these; no option changes them
+OPTION_KEYS = tuple(k for k in MODEL_KEYS + TRAIN_KEYS if k not in SET_BY_TASK)  # the user's
+OPTIMIZERS = ("adam", "adamw")
+SCHEDULES = ("constant", "cosine")
+
+# What a finished language model writes to sample.txt, and what `numpy-transformer sample` does
+# unless told otherwise.
+SAMPLE_PROMPT = "def "  # the embedded corpus is Python; a vocabulary without it starts elsewhere
+SAMPLE_LENGTH, SAMPLE_TEMPERATURE = 300, 0.8
+
+
+def default_run_folder(task: str) -> Path:
+    """Where a run of ``task`` goes without ``--out``: ``runs/char-lm`` or ``runs/<task>``."""
+    return Path("runs") / ("char-lm" if task == "lm" else task)
+
+
+def resolve_options(task: str, given: dict) -> tuple[dict, dict]:
+    """Merge the options the user gave (``None`` = not given) into the task's defaults.
+
+    Returns ``(config_fields, train_options)``: keyword arguments of TransformerConfig
+    (without ``vocab``, which the data decides) and the training options, ``task`` included.
+
+    Raises
+    ------
+    UsageError
+        For an unknown task or option, or options that do not fit together.
+    """
+    if task not in TASKS:
+        raise UsageError(f"--task must be one of {TASKS}, got {task!r}")
+    kind = "lm" if task == "lm" else "task"
+    model = dict(MODEL_DEFAULTS[kind])
+    if task == "reverse":
+        model["max_len"] = REVERSE_LENGTH
+    train = dict(TRAIN_DEFAULTS[kind])
+    for key, value in given.items():
+        if value is None:
+            continue
+        if key in model:
+            model[key] = value
+        elif key in train:
+            train[key] = value
+        else:
+            raise UsageError(f"unknown option {key!r}")
+    if task != "lm" and train["text"] is not None:
+        raise UsageError(f"--text is for --task lm; the {task} task makes its own data")
+    if train["schedule"] == "cosine" and train["warmup"] >= train["steps"]:
+        raise UsageError(f"--warmup {train['warmup']} must be smaller than --steps "
+                         f"{train['steps']} for the cosine schedule")
+    if task == "copy" and model["max_len"] <= COPY_SHIFT:
+        raise UsageError(f"the copy task predicts the digit {COPY_SHIFT} places back: --context "
+                         f"must exceed {COPY_SHIFT}, got {model['max_len']}")
+    if train["text"] is not None:
+        train["text"] = os.path.abspath(train["text"])  # resume works from any folder
+    train["task"] = task
+    return model, train

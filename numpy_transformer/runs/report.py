@@ -1,0 +1,58 @@
+"""What a run writes after its last step: the held-out loss, the two plots and, for a
+language model, a sample (the files of :data:`~.options.REPORT_FILES`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ..checkpoint import atomic_write_text
+from ..generate import generate
+from ..plots import attention_plot, loss_plot
+from .folder import log_path, read_log
+from .options import (
+    ATTENTION_PLOT,
+    CONFIG,
+    EXIT_OK,
+    LOSS_PLOT,
+    REPORT_FILES,
+    SAMPLE,
+    SAMPLE_LENGTH,
+    SAMPLE_TEMPERATURE,
+    files_of,
+    say,
+)
+from .sample import default_prompt
+from .state import Run
+
+
+def has_report(run: Run, run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds every file of the run's report."""
+    return all((run_dir / name).exists() for name in files_of(run.task, REPORT_FILES))
+
+
+def write_report(run: Run, run_dir: Path) -> int:
+    """After the last step: held-out loss, the two plots and (for an LM) a sample."""
+    result = run.evaluate()
+    with open(log_path(run_dir), "a", encoding="utf-8") as log:
+        log.write(json.dumps({"step": run.trainer.step_count, **result, "final": True}) + "\n")
+    line = f"held-out loss {result['val_loss']:.4f}"
+    if run.task == "lm":
+        line += (f" (fixed windows of {run.config.max_len}; "
+                 f"{result['val_loss'] / math.log(2):.3f} bits per character)")
+    if "val_acc" in result:
+        line += f", accuracy {result['val_acc']:.3f}"
+    say(line)
+    loss_plot(read_log(run_dir), run_dir / LOSS_PLOT)  # matplotlib is imported only now
+    attention_plot(run, run_dir / ATTENTION_PLOT)
+    if run.task == "lm":
+        prompt = default_prompt(run.tokenizer)
+        ids = generate(run.model, run.tokenizer.encode(prompt), SAMPLE_LENGTH, run.sample_rng,
+                       temperature=SAMPLE_TEMPERATURE)
+        text = run.tokenizer.decode(ids)
+        atomic_write_text(run_dir / SAMPLE, text + "\n")
+        say(f"sample (temperature {SAMPLE_TEMPERATURE}):\n{text}")
+    written = [name for name in files_of(run.task) if name != CONFIG]  # config.json came first
+    say(f"wrote {run_dir}/: {', '.join(written)}")
+    return EXIT_OK

@@ -1,0 +1,86 @@
+"""The run package's imports point one way (options <- folder <- state <- sample <- report <-
+loop), and the command line imports nothing heavy before a command runs."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy_transformer
+
+PACKAGE = Path(numpy_transformer.__file__).parent
+# Each module of numpy_transformer.runs may import only the modules before it.
+ORDER = ("options", "folder", "state", "sample", "report", "loop")
+# What cli.py may import when it is loaded: the standard library and these light modules.
+CLI_TOP_LEVEL = {"numpy_transformer", "numpy_transformer.allocator", "numpy_transformer.config",
+                 "numpy_transformer.runs.options", "numpy_transformer.threads"}
+
+
+def is_module(name: str) -> bool:
+    """Whether ``name`` (``numpy_transformer.x.y``) is a module or package of ours."""
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imported_modules(source: str, module: str, top_level_only: bool = False) -> set[str]:
+    """Absolute names of the modules ``source`` (the text of module ``module``) imports."""
+    tree = ast.parse(source)
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    package = module.rsplit(".", 1)[0]
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            name = ".".join(p for p in (base, node.module) if p)
+            for alias in node.names:  # from a import b: b is a module or a name in a
+                found.add(f"{name}.{alias.name}" if is_module(f"{name}.{alias.name}") else name)
+    return found
+
+
+def upward_imports(sources: dict[str, str], order: tuple[str, ...],
+                   package: str = "numpy_transformer.runs") -> list[str]:
+    """``"a -> b"`` for every module ``a`` of ``order`` that imports ``b`` at or after itself."""
+    bad = []
+    for i, name in enumerate(order):
+        for target in imported_modules(sources[name], f"{package}.{name}"):
+            short = target.removeprefix(f"{package}.")
+            if short in order[i:] or target == package:
+                bad.append(f"{name} -> {short}")
+    return bad
+
+
+def runs_sources() -> dict[str, str]:
+    return {name: (PACKAGE / "runs" / f"{name}.py").read_text(encoding="utf-8")
+            for name in ORDER}
+
+
+def test_runs_modules_import_one_way():
+    folder = PACKAGE / "runs"
+    assert {p.stem for p in folder.glob("*.py")} == set(ORDER) | {"__init__"}
+    assert upward_imports(runs_sources(), ORDER) == []
+    init = imported_modules((folder / "__init__.py").read_text(), "numpy_transformer.runs")
+    assert init == set(), "runs/__init__.py must stay empty of imports"
+
+
+def test_options_uses_only_the_standard_library_and_the_config():
+    found = imported_modules(runs_sources()["options"], "numpy_transformer.runs.options")
+    ours = {m for m in found if m.startswith("numpy_transformer")}
+    assert ours == {"numpy_transformer.config"}
+    assert not found & {"numpy", "numba", "matplotlib"}
+
+
+def test_negative_control_an_upward_import_is_caught():
+    sources = runs_sources()
+    sources["folder"] += "\nfrom .loop import train\n"
+    sources["options"] += "\nfrom . import state\n"
+    assert upward_imports(sources, ORDER) == ["options -> state", "folder -> loop"]
+
+
+def test_cli_imports_nothing_heavy_until_a_command_runs():
+    source = (PACKAGE / "cli.py").read_text(encoding="utf-8")
+    ours = {m for m in imported_modules(source, "numpy_transformer.cli", top_level_only=True)
+            if m.startswith("numpy_transformer") or m.split(".")[0] in
+            ("numpy", "numba", "matplotlib", "scipy")}
+    assert ours <= CLI_TOP_LEVEL, ours - CLI_TOP_LEVEL
