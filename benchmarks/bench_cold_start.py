@@ -35,7 +35,7 @@ import json, sys, time
 start = time.perf_counter()
 import numpy as np
 from numpy_transformer.runs.options import resolve_options
-from numpy_transformer.runs.run import Run
+from numpy_transformer.runs.state import Run
 config_fields, options = resolve_options("lm", {"steps": 1})
 run = Run(config_fields, options)
 built = time.perf_counter()
@@ -65,7 +65,7 @@ class Timer(event.Listener):
 
 event.register("numba:compile", Timer())
 from numpy_transformer.runs.options import resolve_options
-from numpy_transformer.runs.run import Run
+from numpy_transformer.runs.state import Run
 config_fields, options = resolve_options("lm", {"steps": 1})
 run = Run(config_fields, options)
 run.trainer.step(run.batch(0))

@@ -28,8 +28,8 @@ LAYERS = (
     ("backend",),  # the one seam between the two
     ("nn",),  # modules and models
     ("optim", "schedules", "train", "generate", "checkpoint", "gradcheck", "gradcheck_tables",
-     "report", "data", "tasks", "corpus", "interop", "plots"),  # built on the modules
-    ("runs", "run_setup", "run_dir"),  # training runs on disk
+     "data", "tasks", "corpus", "interop", "plots"),  # built on the modules
+    ("runs",),  # training runs on disk
     ("cli", "__main__"),  # the command line
 )
 

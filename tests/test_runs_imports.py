@@ -4,7 +4,11 @@ loop), and the command line imports nothing heavy before a command runs."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import numpy_transformer
 
@@ -12,8 +16,9 @@ PACKAGE = Path(numpy_transformer.__file__).parent
 # Each module of numpy_transformer.runs may import only the modules before it.
 ORDER = ("options", "folder", "state", "sample", "report", "loop")
 # What cli.py may import when it is loaded: the standard library and these light modules.
-CLI_TOP_LEVEL = {"numpy_transformer", "numpy_transformer.allocator", "numpy_transformer.config",
-                 "numpy_transformer.runs.options", "numpy_transformer.threads"}
+CLI_TOP_LEVEL = {"numpy_transformer", "numpy_transformer._version", "numpy_transformer.allocator",
+                 "numpy_transformer.config", "numpy_transformer.runs.options",
+                 "numpy_transformer.threads"}
 
 
 def is_module(name: str) -> bool:
@@ -84,3 +89,15 @@ def test_cli_imports_nothing_heavy_until_a_command_runs():
             if m.startswith("numpy_transformer") or m.split(".")[0] in
             ("numpy", "numba", "matplotlib", "scipy")}
     assert ours <= CLI_TOP_LEVEL, ours - CLI_TOP_LEVEL
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["train", "--width", "0"],
+                                  ["sample", "--length", "x"]])
+def test_help_and_usage_errors_load_no_numpy(argv):
+    """What answers before a command runs loads neither NumPy nor numba nor matplotlib."""
+    script = ("import sys\nfrom numpy_transformer.cli import main\ntry:\n    main(sys.argv[1:])\n"
+              "except SystemExit:\n    pass\nheavy = {'numpy', 'numba', 'matplotlib'} & "
+              "set(sys.modules)\nprint(sorted(heavy), file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True,
+                          cwd=PACKAGE.parent)
+    assert proc.stderr.strip().splitlines()[-1] == "[]", proc.stderr
