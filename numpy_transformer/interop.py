@@ -122,8 +122,8 @@ def to_torch_layout(model: Module, arrays: Mapping[str, np.ndarray]) -> dict[str
         New C-contiguous arrays under the torch names, linear weights transposed to
         (C_out, C_in).
     """
-    return {torch_name: np.ascontiguousarray(arrays[ours].T if transpose else arrays[ours])
-            for ours, (torch_name, transpose) in torch_names(model).items()}
+    return {torch_name: np.array(arrays[ours].T if transpose else arrays[ours], order="C")
+            for ours, (torch_name, transpose) in torch_names(model).items()}  # always copies
 
 
 def to_torch_state_dict(model: Module) -> dict[str, np.ndarray]:

@@ -7,8 +7,8 @@
 * :func:`save_hf` / :func:`load_hf` -- a ``DecoderLM`` of GPT-2's or LLaMA's shape as a
   ``transformers`` directory (``GPT2LMHeadModel``, ``LlamaForCausalLM``) with a tokenizer
   that ``pipeline("text-generation")`` reads (``hf.py``, ``hf_tokenizer.py``).
-* :func:`export_run` -- either, from what a run folder's checkpoint holds (the command
-  ``numpy-transformer export RUN_DIR``).
+* :func:`export_run` -- either, for a trained model (and its optimiser, rebuilt from a
+  checkpoint by :func:`optimizer_of`): the command ``numpy-transformer export RUN_DIR``.
 
 Importing this package needs none of the optional packages; each function says in one
 ``ImportError`` line what to install (``pip install "numpy_transformer[hf]"``). Our ``.npz``
@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..checkpoint import Checkpoint
+from ..config import DEFAULT_BACKEND
 from ..data import CharTokenizer
 from ..nn import Module
-from ..optim import Adam
+from ..optim import Adam, AdamW
 from .hf import from_hf_state, hf_family, load_hf, rope_half_order, save_hf, to_hf_state
 from .safetensors_file import (
     Exported,
@@ -33,7 +35,7 @@ from .safetensors_file import (
 
 __all__ = ["Exported", "save_safetensors", "load_safetensors", "save_optimizer",
            "load_optimizer", "save_hf", "load_hf", "hf_family", "rope_half_order",
-           "to_hf_state", "from_hf_state", "export_run", "FORMATS"]
+           "to_hf_state", "from_hf_state", "export_run", "optimizer_of", "FORMATS"]
 
 FORMATS = ("safetensors", "hf")
 WEIGHTS_FILE, OPTIMIZER_FILE = "model.safetensors", "optimizer.safetensors"
@@ -79,3 +81,19 @@ def export_run(out: str | Path, fmt: str, model: Module, tokenizer: CharTokenize
         return [out / WEIGHTS_FILE]
     save_optimizer(out / OPTIMIZER_FILE, optimizer, model)
     return [out / WEIGHTS_FILE, out / OPTIMIZER_FILE]
+
+
+def optimizer_of(ckpt: Checkpoint, backend: str | None = None) -> Adam:
+    """The run's optimiser as the checkpoint left it (kind, hyperparameters, moments, step).
+
+    Parameters
+    ----------
+    ckpt : Checkpoint
+        From ``checkpoint.load_checkpoint``.
+    backend : str, optional
+        Default the backend of the checkpoint's model config.
+    """
+    backend = ckpt.config.get("backend", DEFAULT_BACKEND) if backend is None else backend
+    optimizer = (AdamW if ckpt.optimizer["kind"] == "AdamW" else Adam)(backend=backend)
+    optimizer.load_state_dict(ckpt.optimizer_state())
+    return optimizer

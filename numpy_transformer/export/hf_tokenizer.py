@@ -40,7 +40,8 @@ def save_tokenizer(directory: str | Path, tokenizer: CharTokenizer) -> None:
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex(EACH_CHARACTER),
                                                         behavior="isolated")
     tok.decoder = tokenizers.decoders.Fuse()
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(str(directory))
+    transformers.PreTrainedTokenizerFast(  # no clean-up: " ," stays " ," as in the text
+        tokenizer_object=tok, clean_up_tokenization_spaces=False).save_pretrained(str(directory))
 
 
 def load_tokenizer(directory: str | Path) -> CharTokenizer | None:
