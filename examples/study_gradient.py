@@ -79,7 +79,7 @@ def main() -> None:
     model.astype(np.float64)
     report = check_direction(model, {"tokens": x[:2]})
     print(f"float64 check along a random direction: relative error "
-          f"{report.max_rel():.1e} ({'ok' if report.ok(1e-6) else 'FAILED'})")
+          f"{report.max_rel:.1e} ({'ok' if report.ok(1e-6) else 'FAILED'})")
 
 
 if __name__ == "__main__":

@@ -80,3 +80,11 @@ def test_continue_with_ddp_on_two_processes(tmp_path):
     for name, p, _ in model.named_parameters():
         np.testing.assert_allclose(back.model.state_dict()[name], p, rtol=1e-10, atol=1e-13,
                                    err_msg=name)
+
+    # and back here to study a gradient (the README's fourth command)
+    study = subprocess.run([sys.executable, str(ROOT / "examples" / "study_gradient.py"),
+                            str(tmp_path / "export" / "ddp")], capture_output=True, text=True,
+                           env=env, timeout=120)
+    assert study.returncode == 0, study.stdout + study.stderr
+    assert "largest gradients (of 21 tensors)" in study.stdout
+    assert study.stdout.rstrip().endswith("(ok)")

@@ -162,7 +162,8 @@ def test_a_config_of_neither_family_is_refused_in_one_line():
     message = str(info.value)
     assert "\n" not in message
     assert "GPT-2 needs positions='learned' (has 'sinusoidal')" in message
-    assert "embed_scale=False (has True)" in message and "tie_embeddings=True (has False)" in message
+    assert "embed_scale=False (has True)" in message
+    assert "tie_embeddings=True (has False)" in message
     assert "LLaMA needs positions='rope'" in message and "bias=False (has True)" in message
     assert "norm_first" not in message  # pre-LN: fits both
     with pytest.raises(ValueError, match="takes a DecoderLM, got EncoderClassifier"):
