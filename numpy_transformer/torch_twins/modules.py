@@ -78,6 +78,8 @@ class MultiHeadAttention(nn.Module):
 
 
 class SinusoidalPositions(nn.Module):
+    """Adds the fixed sine/cosine table (a non-persistent buffer: a formula, not saved)."""
+
     def __init__(self, max_len: int, width: int) -> None:
         super().__init__()
         self.register_buffer("table", sinusoidal_table(max_len, width), persistent=False)
@@ -87,6 +89,8 @@ class SinusoidalPositions(nn.Module):
 
 
 class LearnedPositions(nn.Module):
+    """Adds a learned (max_len, C) table, our ``LearnedPositions``."""
+
     def __init__(self, max_len: int, width: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(0.02 * torch.randn(max_len, width))
@@ -96,6 +100,7 @@ class LearnedPositions(nn.Module):
 
 
 def make_norm(norm: str, width: int) -> nn.Module:
+    """``nn.LayerNorm`` (eps 1e-5) or ``nn.RMSNorm`` (eps None), as ours."""
     return nn.LayerNorm(width, eps=1e-5) if norm == "layernorm" else nn.RMSNorm(width, eps=None)
 
 
@@ -191,6 +196,8 @@ class Embeddings(nn.Module):
 
 
 class Encoder(nn.Module):
+    """Embeddings, encoder blocks, and a final norm when pre-LN."""
+
     def __init__(self, c: TransformerConfig) -> None:
         super().__init__()
         self.embed = Embeddings(c)
@@ -206,6 +213,8 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
+    """Embeddings, decoder blocks (with cross-attention if ``cross``), final norm if pre-LN."""
+
     def __init__(self, c: TransformerConfig, cross: bool = False) -> None:
         super().__init__()
         self.embed = Embeddings(c)

@@ -28,34 +28,42 @@ def linear(x, w, b=None):
 
 
 def embedding(ids, table):
+    """``table[ids]``: rows of the (V, C) table."""
     return F.embedding(ids, table)
 
 
 def relu(x):
+    """``max(x, 0)``."""
     return F.relu(x)
 
 
 def gelu(x):
+    """The exact GELU, ``x Phi(x)`` with the normal CDF by erf."""
     return F.gelu(x, approximate="none")
 
 
 def gelu_tanh(x):
+    """GELU's tanh approximation (GPT-2's ``gelu_new``)."""
     return F.gelu(x, approximate="tanh")
 
 
 def silu(x):
+    """``x sigmoid(x)``."""
     return F.silu(x)
 
 
 def swiglu(gate, up):
+    """``silu(gate) * up``: the gated unit of LLaMA's feed-forward network."""
     return F.silu(gate) * up
 
 
 def softmax(x):
+    """Softmax over the last axis."""
     return torch.softmax(x, dim=-1)
 
 
 def log_softmax(x):
+    """Log-softmax over the last axis."""
     return torch.log_softmax(x, dim=-1)
 
 
@@ -68,10 +76,12 @@ def cross_entropy(logits, targets, ignore_index: int = -100, mask=None):
 
 
 def layer_norm(x, w, b, eps: float = 1e-5):
+    """LayerNorm over the last axis with gain ``w`` and shift ``b``."""
     return F.layer_norm(x, (x.shape[-1],), w, b, eps)
 
 
 def rms_norm(x, w, eps: float | None = None):
+    """RMSNorm over the last axis; ``eps=None`` is the dtype's machine epsilon."""
     return F.rms_norm(x, (x.shape[-1],), w, eps)
 
 
@@ -131,6 +141,7 @@ def alibi_bias(heads: int, t_q: int, t_k: int, dtype=torch.float64):
 
 
 def causal_mask(t: int) -> torch.Tensor:
+    """(T, T) boolean, True on and below the diagonal: query i may attend keys j <= i."""
     return torch.ones(t, t, dtype=torch.bool).tril()
 
 
