@@ -329,7 +329,7 @@ def cmd_export(args) -> int:
     try:
         written = export_run(out, args.format, model, tokenizer, optimizer_of(ckpt),
                              info={"step": ckpt.step, "options": ckpt.options})
-    except (ImportError, ValueError) as e:
+    except (ImportError, OSError, ValueError) as e:
         raise UsageError(f"{path}: {e}") from None
     print(f"wrote {', '.join(str(p) for p in written)}", flush=True)
     return EXIT_OK

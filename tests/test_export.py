@@ -14,7 +14,7 @@ from _run_helpers import TINY, one_line_error, run_cli, small_text
 safetensors_numpy = pytest.importorskip("safetensors.numpy",
                                         reason="the exchange format needs safetensors")
 
-from numpy_transformer import interop  # noqa: E402
+from numpy_transformer import cli, interop  # noqa: E402
 from numpy_transformer.data import CharTokenizer  # noqa: E402
 from numpy_transformer.export import (  # noqa: E402
     export_run,
@@ -243,6 +243,14 @@ def test_export_command_refuses_in_one_line(tiny_run, tmp_path):
     assert code == 2 and one_line_error(err), err
     code, _, err = run_cli(["export", tiny_run, "--format", "onnx"])
     assert code == 2 and one_line_error(err), err
+
+
+def test_export_help_has_an_example(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["export", "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert "examples:" in text and "numpy-transformer export runs/char-lm" in text
 
 
 def test_export_run_rejects_an_unknown_format(tmp_path):
