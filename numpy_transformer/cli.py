@@ -221,6 +221,8 @@ def build_parser() -> Parser:
                    help="largest relative error accepted [1e-6]")
     c.add_argument("--list", action="store_true", help="list the names and exit")
 
+    from .export import FORMATS  # the export block is self-contained: its names stay there
+
     e = sub.add_parser("export", help="write a trained model as safetensors (for PyTorch) or "
                        "a Hugging Face directory", description="Write a run's model where other "
                        "tools read it (numpy_transformer.export). safetensors: model.safetensors "
@@ -233,8 +235,7 @@ def build_parser() -> Parser:
                        "runs/char-lm/safetensors\n  numpy-transformer export runs/gpt --format "
                        "hf --out gpt-hf", formatter_class=raw)
     e.add_argument("run", metavar="RUN_DIR|CHECKPOINT", help="a run folder or a checkpoint .npz")
-    e.add_argument("--format", choices=("safetensors", "hf"), default="safetensors",
-                   help="[safetensors]")
+    e.add_argument("--format", choices=FORMATS, default=FORMATS[0], help=f"[{FORMATS[0]}]")
     e.add_argument("--out", metavar="DIR", help="where the files go [RUN_DIR/FORMAT]")
 
     b = sub.add_parser("bench", help="quick benchmarks (attention, generation, a training "
