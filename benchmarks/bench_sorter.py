@@ -18,7 +18,7 @@ kernels and torch's lazy initialisation):
 
 * ``ours numba``: ``Trainer`` with ``backend="numba"``;
 * ``ours numpy``: the same with the readable references;
-* ``torch F.sdpa``: the PyTorch twin (``reference_checks/twins.py``) with our initial weights
+* ``torch F.sdpa``: the PyTorch twin (``numpy_transformer.torch_twins``) with our initial weights
   (``interop.to_torch_state_dict``), the attention core on ``F.scaled_dot_product_attention``;
 * ``torch twin``: the twin unchanged (attention written out).
 
@@ -94,13 +94,14 @@ def run_torch(fused: bool, steps: int) -> dict:
 
     from numpy_transformer.nn import EncoderClassifier
     from numpy_transformer.tasks import sort_batch
-    from reference_checks import twins
+    from numpy_transformer.torch_twins import modules as twin_modules
+    from numpy_transformer.torch_twins import to_torch
 
     if fused:
-        twins.sdpa = _fused_sdpa
+        twin_modules.sdpa = _fused_sdpa  # MultiHeadAttention.forward looks it up at call time
 
     def make():
-        model = twins.twin_of(EncoderClassifier(config()))
+        model = to_torch(EncoderClassifier(config()))
         return model, torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
 
     def step(model, opt, x, y):

@@ -18,7 +18,7 @@ Variants, each in its own worker process (so thread pools and resident memory ar
 
 * ``ours numba``: ``Trainer.step`` with ``backend="numba"`` (fused kernels everywhere);
 * ``ours numpy``: the same with ``backend="numpy"`` (the readable references), 1 thread only;
-* ``torch sdpa``: the PyTorch twin of the same model (``reference_checks/twins.py``), loaded
+* ``torch sdpa``: the PyTorch twin of the same model (``numpy_transformer.torch_twins``), loaded
   with the same initial weights through ``interop.to_torch_state_dict``, trained by
   ``F.cross_entropy`` + ``backward`` + ``clip_grad_norm_`` + ``torch.optim.Adam``, with the
   twin's attention core swapped for ``F.scaled_dot_product_attention(is_causal=True)``, PyTorch's
@@ -116,14 +116,14 @@ def _torch_step(config: dict, threads: int, fused: bool):
 
     sys.path.insert(0, str(ROOT))
     from numpy_transformer.nn import DecoderLM, TransformerConfig
-    from reference_checks import twins
-    from reference_checks.twins import twin_of
+    from numpy_transformer.torch_twins import modules as twin_modules
+    from numpy_transformer.torch_twins import to_torch
 
     if fused:
-        twins.sdpa = _fused_sdpa  # MultiHeadAttention.forward looks the name up at call time
+        twin_modules.sdpa = _fused_sdpa  # MultiHeadAttention.forward looks it up at call time
     torch.set_num_threads(threads)
     ours = DecoderLM(TransformerConfig(**config["model"], dtype="float32"))
-    model = twin_of(ours)  # same architecture, our initial weights (interop.to_torch_state_dict)
+    model = to_torch(ours)  # same architecture, our initial weights (interop.to_torch_state_dict)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     vocab = config["model"]["vocab"]
     data = [(torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(y)))

@@ -258,6 +258,23 @@ def build_parser() -> Parser:
                    help="largest relative error accepted [%(default)g]")
     c.add_argument("--list", action="store_true", help="list the names and exit")
 
+    from .export import FORMATS  # the export block is self-contained: its names stay there
+
+    e = sub.add_parser("export", help="write a trained model as safetensors (for PyTorch) or "
+                       "a Hugging Face directory", description="Write a run's model where other "
+                       "tools read it (numpy_transformer.export). safetensors: model.safetensors "
+                       "(the PyTorch twin's names and layouts; config and tokenizer in its "
+                       "metadata) and optimizer.safetensors (Adam's state). hf: a transformers "
+                       "directory, for a DecoderLM of GPT-2's or LLaMA's shape. Read them back "
+                       "with numpy_transformer.export.load_safetensors / load_hf.",
+                       epilog="examples:\n  numpy-transformer export runs/char-lm\n  "
+                       "torchrun --nproc_per_node 2 examples/continue_ddp.py "
+                       "runs/char-lm/safetensors\n  numpy-transformer export runs/gpt --format "
+                       "hf --out gpt-hf", formatter_class=raw)
+    e.add_argument("run", metavar="RUN_DIR|CHECKPOINT", help="a run folder or a checkpoint .npz")
+    e.add_argument("--format", choices=FORMATS, default=FORMATS[0], help=f"[{FORMATS[0]}]")
+    e.add_argument("--out", metavar="DIR", help="where the files go [RUN_DIR/FORMAT]")
+
     b = sub.add_parser("bench", help="quick benchmarks (attention, generation, a training "
                        "step)", description="Run the quick form of the benchmark scripts in "
                        "the repository's benchmarks/ folder (a source checkout).",
@@ -319,6 +336,21 @@ def cmd_gradcheck(args: argparse.Namespace) -> int:
     return EXIT_DIVERGED
 
 
+def cmd_export(args) -> int:
+    from .export import export_run, optimizer_of
+
+    path = checkpoint_path(args.run)
+    model, tokenizer, ckpt = model_from_checkpoint(path)
+    out = Path(args.out) if args.out else path.parent / args.format
+    try:
+        written = export_run(out, args.format, model, tokenizer, optimizer_of(ckpt),
+                             info={"step": ckpt.step, "options": ckpt.options})
+    except (ImportError, OSError, ValueError) as e:
+        raise UsageError(f"{path}: {e}") from None
+    print(f"wrote {', '.join(str(p) for p in written)}", flush=True)
+    return EXIT_OK
+
+
 def find_benchmarks(root: Path | None = None) -> dict[str, Path | None]:
     """Each benchmark's script in ``root`` (default: the repository's benchmarks/), or None."""
     root = Path(__file__).resolve().parent.parent / "benchmarks" if root is None else root
@@ -360,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``numpy-transformer`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
     command = {"train": cmd_train, "sample": cmd_sample, "gradcheck": cmd_gradcheck,
-               "bench": cmd_bench}[args.command]
+               "bench": cmd_bench, "export": cmd_export}[args.command]
     try:
         return command(args)
     except KeyboardInterrupt:

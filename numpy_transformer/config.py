@@ -44,6 +44,8 @@ class TransformerConfig:
     embed_std: float | None = None  # token embedding init std; None = 1/sqrt(C), the chapter's
     #   choice: with embed_scale the scaled coordinates then start at unit size, like the sines
     tie_embeddings: bool = False  # decoder output projection reuses the token embedding table
+    bias: bool = True  # every linear layer adds a bias (Vaswani, GPT-2); False drops them all,
+    #   in attention, feed-forward network and head, as LLaMA does (the norms keep theirs)
     num_classes: int | None = None  # classes per position of EncoderClassifier; unused otherwise
     backend: str = DEFAULT_BACKEND  # which implementation of the operations runs: see BACKENDS
     dtype: str = "float64"  # float64 for gradient checks; float32 for faster training
@@ -73,6 +75,8 @@ class TransformerConfig:
             check_positive("embed_std", self.embed_std)
         if self.num_classes is not None:
             check_positive("num_classes", self.num_classes, integer=True)
+        if not isinstance(self.bias, bool):
+            raise ValueError(f"bias must be True or False, got {self.bias!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         return self

@@ -1,6 +1,6 @@
 """Weight exchange with PyTorch: our parameters under the names and layouts of ``torch.nn``.
 
-The PyTorch side is the twin of every model in ``reference_checks/twins.py``: a
+The PyTorch side is the twin of every model in ``numpy_transformer.torch_twins``: a
 ``torch.nn.Module`` tree whose children carry exactly our child names (``decoder.blocks.0.attn``,
 ``...ffn.up``, ``head``), built from standard layers (``nn.Linear``, ``nn.Embedding``,
 ``nn.LayerNorm``, ``nn.RMSNorm``). Only the last part of each name, and the layout of the
@@ -29,7 +29,9 @@ instead, concatenate: ``in_proj_weight = cat(wq.T, wk.T, wv.T)``, see ``docs/pyt
 
 A tied head (``tie_embeddings``) owns no parameter on either side: the table is exported once,
 under the decoder's token embedding. Buffers (sinusoidal table, RoPE angles) are formulas and
-are exported by neither side.
+are exported by neither side. Without biases (``config.bias=False``) the ``b``/``bias``
+entries are simply absent on both sides. Adam's moments have their parameter's shape and move
+with the same map (:func:`to_torch_layout`, :func:`from_torch_layout`).
 
 This module does not import torch: it hands out and takes NumPy arrays, and accepts torch
 tensors by converting them with ``np.asarray(t.detach().cpu())``.
@@ -46,7 +48,8 @@ from .nn.layers import Embedding, LayerNorm, Linear, RMSNorm
 from .nn.module import Module
 from .nn.positional import LearnedPositions
 
-__all__ = ["torch_names", "to_torch_state_dict", "from_torch_state_dict"]
+__all__ = ["torch_names", "to_torch_layout", "from_torch_layout", "to_torch_state_dict",
+           "from_torch_state_dict"]
 
 # (our module type, our parameter name) -> (torch name relative to the module, transpose?)
 _LEAVES: dict[type, dict[str, tuple[str, bool]]] = {
@@ -103,6 +106,26 @@ def torch_names(model: Module) -> dict[str, tuple[str, bool]]:
     return names
 
 
+def to_torch_layout(model: Module, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Arrays shaped like the model's parameters, renamed and laid out as the twin's.
+
+    Parameters
+    ----------
+    model : Module
+    arrays : dict of str to ndarray
+        One array per parameter of ``model`` under our dotted name, in the parameter's shape:
+        the parameters themselves, or Adam's moments of them.
+
+    Returns
+    -------
+    state : dict of str to ndarray
+        New C-contiguous arrays under the torch names, linear weights transposed to
+        (C_out, C_in).
+    """
+    return {torch_name: np.array(arrays[ours].T if transpose else arrays[ours], order="C")
+            for ours, (torch_name, transpose) in torch_names(model).items()}  # always copies
+
+
 def to_torch_state_dict(model: Module) -> dict[str, np.ndarray]:
     """The model's parameters as NumPy arrays under the twin's torch names and layouts.
 
@@ -113,9 +136,7 @@ def to_torch_state_dict(model: Module) -> dict[str, np.ndarray]:
         the twin with ``twin.load_state_dict({k: torch.from_numpy(a) for k, a in
         state.items()})``.
     """
-    params = {name: p for name, p, _ in model.named_parameters()}
-    return {torch_name: np.ascontiguousarray(params[ours].T if transpose else params[ours])
-            for ours, (torch_name, transpose) in torch_names(model).items()}
+    return to_torch_layout(model, {name: p for name, p, _ in model.named_parameters()})
 
 
 def _as_numpy(value: object) -> np.ndarray:
@@ -123,6 +144,39 @@ def _as_numpy(value: object) -> np.ndarray:
     if hasattr(value, "detach"):
         value = value.detach().cpu()
     return np.asarray(value)
+
+
+def from_torch_layout(model: Module, state: Mapping[str, object]) -> dict[str, np.ndarray]:
+    """The inverse of :func:`to_torch_layout`: torch-named arrays under our names and layouts.
+
+    Parameters
+    ----------
+    model : Module
+    state : dict of str to ndarray or torch.Tensor
+        Exactly one entry per parameter of the twin.
+
+    Returns
+    -------
+    arrays : dict of str to ndarray
+        In the order of ``model.named_parameters()``; transposed ones are views.
+
+    Raises
+    ------
+    ValueError
+        If a key is missing or unexpected.
+    """
+    names = torch_names(model)
+    wanted = {torch_name for torch_name, _ in names.values()}
+    missing = sorted(wanted - set(state))
+    unexpected = sorted(set(state) - wanted)
+    if missing or unexpected:
+        raise ValueError(f"torch state dict does not match the model: missing keys {missing}, "
+                         f"unexpected keys {unexpected}")
+    ours = {}
+    for our_name, (torch_name, transpose) in names.items():
+        array = _as_numpy(state[torch_name])
+        ours[our_name] = array.T if transpose else array
+    return ours
 
 
 def from_torch_state_dict(model: Module, state: Mapping[str, object]) -> None:
@@ -141,15 +195,4 @@ def from_torch_state_dict(model: Module, state: Mapping[str, object]) -> None:
     ValueError
         If a key is missing or unexpected, or a shape does not match (nothing is copied then).
     """
-    names = torch_names(model)
-    wanted = {torch_name for torch_name, _ in names.values()}
-    missing = sorted(wanted - set(state))
-    unexpected = sorted(set(state) - wanted)
-    if missing or unexpected:
-        raise ValueError(f"torch state dict does not match the model: missing keys {missing}, "
-                         f"unexpected keys {unexpected}")
-    ours = {}
-    for our_name, (torch_name, transpose) in names.items():
-        array = _as_numpy(state[torch_name])
-        ours[our_name] = array.T if transpose else array
-    model.load_state_dict(ours)  # checks every shape before copying anything
+    model.load_state_dict(from_torch_layout(model, state))  # checks every shape first

@@ -49,7 +49,7 @@ def assert_close(family: str, name: str, ours, ref, dtype, tol: float | None = N
 
 def _torch_arg(a, twins, grad: bool):
     if isinstance(a, np.ndarray):
-        return twins.to_torch(a, requires_grad=grad and a.dtype.kind == "f")
+        return twins.tensor_of(a, requires_grad=grad and a.dtype.kind == "f")
     return a
 
 
@@ -63,7 +63,7 @@ def check_module(family: str, module, args: tuple, kwargs: dict | None = None, *
     family : str
         Label for the failure message and the summary table.
     module : Module
-        Ours; its twin is built by ``twins.twin_of`` (weights copied).
+        Ours; its twin is built by ``twins.to_torch`` (weights copied).
     args : tuple
         Positional inputs (NumPy arrays or None). Float arrays get gradients, compared with
         what ``module.backward`` returns (an array, a tuple in argument order, or None).
@@ -72,10 +72,10 @@ def check_module(family: str, module, args: tuple, kwargs: dict | None = None, *
     grad_args : tuple of str
         Names of the float positional inputs, for the messages.
     """
-    from . import twins
+    from numpy_transformer import torch_twins as twins
 
     kwargs = kwargs or {}
-    twin = twins.twin_of(module)
+    twin = twins.to_torch(module)
     dtype = twins.dtype_of(module)
     out = module(*args, **kwargs)
     g = np.random.default_rng(seed).standard_normal(out.shape).astype(out.dtype)
@@ -86,7 +86,7 @@ def check_module(family: str, module, args: tuple, kwargs: dict | None = None, *
     targs = [_torch_arg(a, twins, grad=True) for a in args]
     tkwargs = {k: _torch_arg(v, twins, grad=False) for k, v in kwargs.items()}
     tout = twin(*targs, **tkwargs)
-    (tout * twins.to_torch(g)).sum().backward()
+    (tout * twins.tensor_of(g)).sum().backward()
 
     float_targs = [t for t in targs if hasattr(t, "requires_grad") and t.requires_grad]
     assert len(dins) == len(float_targs), "backward returned a different number of gradients"
@@ -151,6 +151,6 @@ def _float32_floor(module, twin, args, kwargs, g, pairs) -> dict[str, float]:
 
 
 def _twins():
-    from . import twins
+    from numpy_transformer import torch_twins as twins
 
     return twins

@@ -33,9 +33,8 @@ from numpy_transformer.nn import DecoderLM, EncoderDecoder, TransformerConfig
 from numpy_transformer.optim import Adam
 from numpy_transformer.schedules import constant_lr
 from numpy_transformer.tasks import reverse_batch
+from numpy_transformer.torch_twins import to_torch
 from numpy_transformer.train import Batch, Trainer
-
-from .twins import twin_of
 
 LR, CLIP = 2e-3, 1.0
 
@@ -97,7 +96,7 @@ def compare_training(model, batches: list[Batch]) -> dict:
         ``ours``, ``torch``: per-step losses; ``loss_diff``: the largest |difference|;
         ``param_diff``: {torch name: max |ours - torch| / max |torch|} after training.
     """
-    twin = twin_of(model)
+    twin = to_torch(model)
     ours = train_ours(model, batches)
     theirs = train_torch(twin, batches)
     mine = interop.to_torch_state_dict(model)

@@ -29,9 +29,8 @@ import numpy as np
 import torch
 
 from numpy_transformer import functional as fn
-from numpy_transformer import nn
-
-from . import twins
+from numpy_transformer import nn, torch_twins
+from numpy_transformer.torch_twins import ops as twins
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 
@@ -42,12 +41,12 @@ def _rng(seed):
 
 def _autograd(twin_fn, inputs: dict, consts: dict, g: np.ndarray | None, seed: int):
     """Run ``twin_fn(*inputs, *consts)`` in torch; return (out, g, grads by name)."""
-    t_in = {n: twins.to_torch(a, requires_grad=True) for n, a in inputs.items()}
-    t_const = [twins.to_torch(c) if isinstance(c, np.ndarray) else c for c in consts.values()]
+    t_in = {n: twins.tensor_of(a, requires_grad=True) for n, a in inputs.items()}
+    t_const = [twins.tensor_of(c) if isinstance(c, np.ndarray) else c for c in consts.values()]
     out = twin_fn(*t_in.values(), *t_const)
     if g is None:
         g = _rng(seed).standard_normal(tuple(out.shape))
-    (out * twins.to_torch(g)).sum().backward()
+    (out * twins.tensor_of(g)).sum().backward()
     return out.detach().numpy(), g, {n: t.grad.numpy() for n, t in t_in.items()}
 
 
@@ -117,7 +116,7 @@ def write_model(family: str, options: dict) -> dict:
     for _, p, _ in model.named_parameters():  # move gains and biases away from 1 and 0
         if p.ndim == 1:
             p += 0.3 * r.standard_normal(p.shape)
-    twin = twins.twin_of(model)
+    twin = torch_twins.tensor_of(model)
     r = _rng(4)
     if family == "EncoderClassifier":
         inputs = {"tokens": r.integers(0, 13, (2, 5)), "lengths": np.array([5, 3])}
@@ -128,7 +127,7 @@ def write_model(family: str, options: dict) -> dict:
                   "src_lengths": np.array([4, 6])}
     logits = twin(*(torch.from_numpy(a) for a in inputs.values()))
     g = r.standard_normal(tuple(logits.shape))
-    (logits * twins.to_torch(g)).sum().backward()
+    (logits * twins.tensor_of(g)).sum().backward()
     out = {"config": np.array(json.dumps(dataclasses.asdict(cfg))),
            "logits": logits.detach().numpy(), "g": g}
     out.update({f"input.{n}": a for n, a in inputs.items()})
@@ -149,7 +148,7 @@ def write_optim(out: dict, steps: int = 4) -> None:
     for key, (cls, opts, groups, group_opts) in OPTIMISERS.items():
         r = _rng(5)
         start = {"w": r.standard_normal((4, 3)), "b": r.standard_normal(3)}
-        params = {n: twins.to_torch(a, requires_grad=True) for n, a in start.items()}
+        params = {n: twins.tensor_of(a, requires_grad=True) for n, a in start.items()}
         opt = getattr(torch.optim, cls)(
             [{"params": [params[n] for n in names], **group_opts.get(names[0], {})}
              for names in groups], **opts)
@@ -160,7 +159,7 @@ def write_optim(out: dict, steps: int = 4) -> None:
             for n, p in params.items():
                 g = r.standard_normal(p.shape) * 0.8
                 out[f"{key}.step{k}.grad.{n}"] = g
-                p.grad = twins.to_torch(g)
+                p.grad = twins.tensor_of(g)
             torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
             opt.step()
             for n, p in params.items():

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from numpy_transformer import interop, nn  # noqa: E402
-from reference_checks import twins  # noqa: E402
+from numpy_transformer import torch_twins as twins  # noqa: E402
 from reference_checks.compare import assert_close  # noqa: E402
 from reference_checks.test_modules import VARIANTS, model_inputs  # noqa: E402
 
@@ -63,7 +63,7 @@ def test_import_torch_tensors_after_torch_training(family):
     """Train the twin one step in torch, import its tensors: ours computes the twin's logits."""
     model = make(family, "preLN-rmsnorm-swiglu-rope-tied-scaled" if family != "EncoderClassifier"
                  else "postLN-rmsnorm-relu-learned")
-    twin = twins.twin_of(model)
+    twin = twins.to_torch(model)
     args, kwargs = model_inputs(family)
     targs, tkwargs = torch_inputs(args, kwargs)
     opt = torch.optim.AdamW(twin.parameters(), lr=1e-2)

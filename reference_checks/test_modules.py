@@ -38,6 +38,8 @@ LAYERS = {
     **{f"FeedForward({a})": (lambda d, a=a: nn.FeedForward(C, F, a, dtype=d, rng=rng(),
                                                            backend=REF))
        for a in ("relu", "gelu", "gelu_tanh", "swiglu")},
+    **{f"FeedForward({a}, bias=False)": (lambda d, a=a: nn.FeedForward(
+        C, F, a, bias=False, dtype=d, rng=rng(), backend=REF)) for a in ("relu", "swiglu")},
 }
 
 
@@ -80,6 +82,8 @@ ATTENTION = {
     "alibi causal": dict(alibi=True, mask="causal"),
     "cross": dict(cross=True),
     "cross padded": dict(cross=True, mask="padding"),
+    "rope causal, no bias": dict(rope=True, mask="causal", bias=False),
+    "cross, no bias": dict(cross=True, bias=False),
 }
 
 
@@ -88,8 +92,9 @@ ATTENTION = {
 def test_attention(case, dtype):
     opts = ATTENTION[case]
     attn = nn.MultiHeadAttention(C, H, rope=opts.get("rope", False),
-                                 alibi=opts.get("alibi", False), max_len=9, dtype=dtype,
-                                 rng=rng(), backend=REF)
+                                 alibi=opts.get("alibi", False), max_len=9,
+                                 bias=opts.get("bias", True), dtype=dtype, rng=rng(),
+                                 backend=REF)
     t_k = 7 if opts.get("cross") else T
     mask = {None: None, "causal": causal_mask(T),
             "padding": key_padding_mask(np.array([t_k, 3]), t_k)}[opts.get("mask")]
@@ -133,6 +138,11 @@ VARIANTS = {
                                              positions="alibi"),
     "preLN-layernorm-relu-none-tied": dict(activation="relu", positions="none",
                                            tie_embeddings=True),
+    "preLN-rmsnorm-swiglu-rope-nobias": dict(norm="rmsnorm", activation="swiglu",
+                                             positions="rope", bias=False),
+    "postLN-layernorm-relu-learned-nobias-tied": dict(norm_first=False, activation="relu",
+                                                      positions="learned", bias=False,
+                                                      tie_embeddings=True),
 }
 V = 13
 

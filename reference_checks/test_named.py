@@ -16,8 +16,8 @@ from torch.nn.attention.bias import causal_lower_right  # noqa: E402
 from numpy_transformer import functional as fn  # noqa: E402
 from numpy_transformer import nn  # noqa: E402
 from numpy_transformer.optim import Adam, AdamW, clip_grad_norm  # noqa: E402
+from numpy_transformer.torch_twins import tensor_of  # noqa: E402
 from reference_checks.compare import assert_close, rel_err  # noqa: E402
-from reference_checks.twins import to_torch  # noqa: E402
 
 DTYPES = [np.float32, np.float64]
 
@@ -32,9 +32,9 @@ def _sdpa_both(q, k, v, dtype, ours_mask=None, **torch_kwargs):
     out, cache = fn.sdpa_forward(q, k, v, mask=ours_mask)
     g = randn(out.shape, dtype, seed=9)
     dq, dk, dv = fn.sdpa_backward(g, cache)
-    tq, tk, tv = (to_torch(a, requires_grad=True) for a in (q, k, v))
+    tq, tk, tv = (tensor_of(a, requires_grad=True) for a in (q, k, v))
     tout = F.scaled_dot_product_attention(tq, tk, tv, **torch_kwargs)
-    (tout * to_torch(g)).sum().backward()
+    (tout * tensor_of(g)).sum().backward()
     return (out, dq, dk, dv), (tout.detach().numpy(), tq.grad.numpy(), tk.grad.numpy(),
                                tv.grad.numpy())
 
@@ -66,9 +66,9 @@ def test_sdpa_vs_torch(case, dtype):
         out, cache = fn.sdpa_forward(q, k, v, bias=bias)
         g = randn(out.shape, dtype, seed=9)
         ours = (out, *fn.sdpa_backward(g, cache))
-        tq, tk, tv = (to_torch(a, requires_grad=True) for a in (q, k, v))
-        tout = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=to_torch(bias))
-        (tout * to_torch(g)).sum().backward()
+        tq, tk, tv = (tensor_of(a, requires_grad=True) for a in (q, k, v))
+        tout = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tensor_of(bias))
+        (tout * tensor_of(g)).sum().backward()
         theirs = (tout.detach().numpy(), tq.grad.numpy(), tk.grad.numpy(), tv.grad.numpy())
     for name, a, t in zip(("out", "dq", "dk", "dv"), ours, theirs, strict=True):
         assert_close("F.sdpa", f"{case}: {name}", a, t, dtype)
@@ -111,10 +111,10 @@ def torch_mha_from(attn: nn.MultiHeadAttention) -> torch.nn.MultiheadAttention:
     dtype = torch.float64 if p["wq"].dtype == np.float64 else torch.float32
     mha = torch.nn.MultiheadAttention(attn.width, attn.heads, batch_first=True, dtype=dtype)
     with torch.no_grad():
-        mha.in_proj_weight.copy_(to_torch(np.concatenate([p["wq"].T, p["wk"].T, p["wv"].T])))
-        mha.in_proj_bias.copy_(to_torch(np.concatenate([p["bq"], p["bk"], p["bv"]])))
-        mha.out_proj.weight.copy_(to_torch(p["wo"].T))
-        mha.out_proj.bias.copy_(to_torch(p["bo"]))
+        mha.in_proj_weight.copy_(tensor_of(np.concatenate([p["wq"].T, p["wk"].T, p["wv"].T])))
+        mha.in_proj_bias.copy_(tensor_of(np.concatenate([p["bq"], p["bk"], p["bv"]])))
+        mha.out_proj.weight.copy_(tensor_of(p["wo"].T))
+        mha.out_proj.bias.copy_(tensor_of(p["bo"]))
     return mha
 
 
@@ -145,11 +145,11 @@ def test_multihead_attention_vs_torch(cross, dtype):
     g = randn(out.shape, dtype, 9)
     attn.zero_grad()
     dins = attn.backward(g)
-    tx = to_torch(x, requires_grad=True)
-    tctx = to_torch(ctx, requires_grad=True) if cross else tx
+    tx = tensor_of(x, requires_grad=True)
+    tctx = tensor_of(ctx, requires_grad=True) if cross else tx
     tout, _ = mha(tx, tctx, tctx, attn_mask=torch.from_numpy(torch_attn_mask),
                   key_padding_mask=torch.from_numpy(torch_padding), need_weights=False)
-    (tout * to_torch(g)).sum().backward()
+    (tout * tensor_of(g)).sum().backward()
     assert_close("nn.MultiheadAttention", "out", out, tout.detach().numpy(), dtype)
     if cross:
         assert_close("nn.MultiheadAttention", "dx", dins[0], tx.grad.numpy(), dtype)
@@ -171,7 +171,7 @@ def test_mask_conventions_are_opposite():
     mha = torch_mha_from(attn)
     x = randn((b, t, c), np.float64)
     torch_mask = np.triu(np.ones((t, t), dtype=bool), k=1)  # torch: True = masked OUT
-    tout, _ = mha(to_torch(x), to_torch(x), to_torch(x), attn_mask=torch.from_numpy(torch_mask),
+    tout, _ = mha(tensor_of(x), tensor_of(x), tensor_of(x), attn_mask=torch.from_numpy(torch_mask),
                   need_weights=False)
     tout = tout.detach().numpy()
     converted = fn.from_torch_ignore_mask(torch_mask)  # ours: True = may attend
@@ -193,16 +193,16 @@ def test_norm_vs_torch_module(kind, dtype):
     for name, p in ours.params.items():
         p[...] = randn(p.shape, dtype, seed=len(name))
     with torch.no_grad():
-        theirs.weight.copy_(to_torch(ours.params["w"]))
+        theirs.weight.copy_(tensor_of(ours.params["w"]))
         if kind == "LayerNorm":
-            theirs.bias.copy_(to_torch(ours.params["b"]))
+            theirs.bias.copy_(tensor_of(ours.params["b"]))
     x = randn((3, 4, c), dtype, 1) * 3 + 2
     g = randn((3, 4, c), dtype, 2)
     out = ours(x)
     dx = ours.backward(g)
-    tx = to_torch(x, requires_grad=True)
+    tx = tensor_of(x, requires_grad=True)
     tout = theirs(tx)
-    (tout * to_torch(g)).sum().backward()
+    (tout * tensor_of(g)).sum().backward()
     assert_close(f"nn.{kind}", "out", out, tout.detach().numpy(), dtype)
     assert_close(f"nn.{kind}", "dx", dx, tx.grad.numpy(), dtype)
     assert_close(f"nn.{kind}", "dw", ours.grads["w"], theirs.weight.grad.numpy(), dtype)
@@ -219,15 +219,15 @@ def test_gelu_vs_torch(approximate, dtype):
     x = randn((1000,), dtype) * 4
     g = randn((1000,), dtype, 1)
     out, cache = forward(x)
-    tx = to_torch(x, requires_grad=True)
+    tx = tensor_of(x, requires_grad=True)
     tout = F.gelu(tx, approximate=approximate)
-    (tout * to_torch(g)).sum().backward()
+    (tout * tensor_of(g)).sum().backward()
     assert_close("F.gelu", f"{approximate}: out", out, tout.detach().numpy(), dtype)
     assert_close("F.gelu", f"{approximate}: dx", backward(g, cache), tx.grad.numpy(), dtype)
     # negative control: each GELU matches its own torch twin, not the other one (they
     # differ by up to ~5e-4, far beyond either tolerance)
     other = "tanh" if approximate == "none" else "none"
-    assert np.abs(out - F.gelu(to_torch(x), approximate=other).numpy()).max() > 1e-4
+    assert np.abs(out - F.gelu(tensor_of(x), approximate=other).numpy()).max() > 1e-4
 
 
 # ----------------------------------------------------------------------------- loss
@@ -239,7 +239,7 @@ def test_cross_entropy_vs_torch(ignore_index, dtype):
     targets = rng.integers(0, 9, (3, 6))
     targets[rng.random((3, 6)) < 0.3] = ignore_index
     loss, cache = fn.cross_entropy_forward(logits, targets, ignore_index=ignore_index)
-    tl = to_torch(logits, requires_grad=True)
+    tl = tensor_of(logits, requires_grad=True)
     tloss = F.cross_entropy(tl.reshape(-1, 9), torch.from_numpy(targets).reshape(-1),
                             ignore_index=ignore_index)
     (tloss * 1.7).backward()
@@ -285,14 +285,14 @@ def test_optimiser_vs_torch(name, dtype):
     the decay rule on our side and the param groups on torch's must say the same thing."""
     make_ours, groups, torch_class = OPTIMISERS[name]
     params, grad_steps = _opt_problem(dtype)
-    tparams = {n: to_torch(p, requires_grad=True) for n, p in params.items()}
+    tparams = {n: tensor_of(p, requires_grad=True) for n, p in params.items()}
     ours = make_ours()
     theirs = getattr(torch.optim, torch_class)(
         [{"params": [tparams[n] for n in names], **opts} for names, opts in groups],
         lr=1e-2, weight_decay=0.0)
     for step, grads in enumerate(grad_steps, start=1):
         for n, g in grads.items():
-            tparams[n].grad = to_torch(g)
+            tparams[n].grad = tensor_of(g)
         norm = clip_grad_norm(grads, 1.0)
         tnorm = torch.nn.utils.clip_grad_norm_(list(tparams.values()), 1.0)
         assert_close("clip_grad_norm_", f"{name}: step {step} global norm", norm,

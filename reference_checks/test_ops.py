@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from numpy_transformer import functional as fn  # noqa: E402
 from numpy_transformer.backend import get_backend  # noqa: E402
-from reference_checks import twins  # noqa: E402
+from numpy_transformer.torch_twins import ops as twins  # noqa: E402
 from reference_checks.compare import assert_close  # noqa: E402
 
 DTYPES = [np.float32, np.float64]
@@ -27,10 +27,10 @@ def check_op(family, ours_fwd, ours_bwd, twin_fn, inputs, dtype, *, consts=(), s
     g = randn(np.random.default_rng(seed), np.shape(out), dtype)
     grads = ours_bwd(g, cache)
     grads = (grads,) if isinstance(grads, np.ndarray) else tuple(grads)
-    targs = [twins.to_torch(a, requires_grad=True) for a in arrays]
-    tconsts = [twins.to_torch(c) if isinstance(c, np.ndarray) else c for c in consts]
+    targs = [twins.tensor_of(a, requires_grad=True) for a in arrays]
+    tconsts = [twins.tensor_of(c) if isinstance(c, np.ndarray) else c for c in consts]
     tout = twin_fn(*targs, *tconsts)
-    (tout * twins.to_torch(g)).sum().backward()
+    (tout * twins.tensor_of(g)).sum().backward()
     assert_close(family, "out", out, tout.detach().numpy(), dtype)
     for name, d, t in zip(names, grads, targs, strict=False):
         if d is not None:
@@ -66,7 +66,7 @@ def test_swiglu(dtype):
 def test_softmax_and_log_softmax(dtype):
     x = randn(np.random.default_rng(0), (2, 3, 7), dtype) * 4
     check_op("ops", fn.softmax_forward, fn.softmax_backward, twins.softmax, {"x": x}, dtype)
-    assert_close("ops", "log_softmax", fn.log_softmax(x), twins.log_softmax(twins.to_torch(x)),
+    assert_close("ops", "log_softmax", fn.log_softmax(x), twins.log_softmax(twins.tensor_of(x)),
                  dtype)
 
 
@@ -93,9 +93,9 @@ def test_embedding(dtype):
     table = randn(rng, (6, 5), dtype)
     out, cache = fn.embedding_forward(ids, table)
     g = randn(rng, out.shape, dtype)
-    t = twins.to_torch(table, requires_grad=True)
+    t = twins.tensor_of(table, requires_grad=True)
     tout = twins.embedding(torch.from_numpy(ids), t)
-    (tout * twins.to_torch(g)).sum().backward()
+    (tout * twins.tensor_of(g)).sum().backward()
     assert_close("ops", "out", out, tout.detach().numpy(), dtype)
     assert_close("ops", "dtable", fn.embedding_backward(g, cache), t.grad.numpy(), dtype)
 
@@ -110,7 +110,7 @@ def test_cross_entropy(dtype):
     mask[1, 0] = False  # and one masked out
     loss, cache = fn.cross_entropy_forward(logits, targets, mask=mask)
     dloss = 0.7  # a random upstream gradient for the scalar
-    t = twins.to_torch(logits, requires_grad=True)
+    t = twins.tensor_of(logits, requires_grad=True)
     tloss = twins.cross_entropy(t, torch.from_numpy(targets), mask=torch.from_numpy(mask))
     (tloss * dloss).backward()
     assert_close("ops", "loss", loss, tloss.item(), dtype)

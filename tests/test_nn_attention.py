@@ -104,6 +104,18 @@ def test_head_count_does_not_change_the_parameter_count():
     assert {MultiHeadAttention(C, h).num_parameters() for h in (1, 2, 4, 8)} == {4 * C * C + 4 * C}
 
 
+@pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
+def test_without_biases(rng, cross):
+    attn = MultiHeadAttention(C, H, rope=not cross, max_len=T, bias=False, rng=rng)
+    assert set(attn.params) == {"wq", "wk", "wv", "wo"}
+    assert attn.num_parameters() == 4 * C * C
+    inputs = {"x": rng.normal(size=(B, T, C))}
+    if cross:
+        inputs["context"] = rng.normal(size=(B, T_CTX, C))
+    mask = None if cross else F.causal_mask(T)
+    assert_gradcheck(check_module(attn, inputs, mask=mask), attn)
+
+
 def test_bare_self_attention_is_permutation_equivariant_and_positions_break_it(rng):
     attn = MultiHeadAttention(C, H, rng=rng)
     x = rng.normal(size=(1, T, C))
@@ -128,7 +140,7 @@ def test_numba_backend_matches_numpy(rng, kind):
     g = rng.normal(size=(B, T, C))
     results = []
     for backend in ("numpy", "numba"):
-        attn = MultiHeadAttention(C, H, alibi=True, backend=backend,
+        attn = MultiHeadAttention(C, H, alibi=True, bias=kind != "causal", backend=backend,
                                   rng=np.random.default_rng(5))
         out = attn.forward(x, mask=mask)
         dx = attn.backward(g)

@@ -99,15 +99,18 @@ def test_norm_defaults():
         make_norm("batchnorm", 4)
 
 
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "swiglu"])
-def test_feed_forward(rng, activation):
-    layer = FeedForward(6, 10, activation, rng=rng)
+def test_feed_forward(rng, activation, bias):
+    layer = FeedForward(6, 10, activation, bias=bias, rng=rng)
+    assert all(("b" in child.params) == bias for child in layer.children.values())
     assert_gradcheck(check_module(layer, {"x": rng.normal(size=(2, 3, 6))}), layer)
 
 
 def test_feed_forward_sizes():
     assert FeedForward(6, 10, "gelu").num_parameters() == 6 * 10 + 10 + 10 * 6 + 6
     assert FeedForward(6, 10, "swiglu").num_parameters() == 2 * (6 * 10 + 10) + 10 * 6 + 6
+    assert FeedForward(6, 10, "swiglu", bias=False).num_parameters() == 3 * 6 * 10
     with pytest.raises(ValueError, match="activation must be one of"):
         FeedForward(6, 10, "tanh")
 

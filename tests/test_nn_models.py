@@ -87,6 +87,34 @@ def test_two_layer_post_ln_decoder_lm_full_check():
     assert_gradcheck(check_module(model, {"tokens": tokens(rng)}), model)
 
 
+@pytest.mark.parametrize("activation", ["relu", "swiglu"])
+@pytest.mark.parametrize("cls", [EncoderClassifier, DecoderLM, EncoderDecoder])
+def test_without_biases(cls, activation):
+    """``bias=False`` drops every linear layer's bias (attention, FFN, head), keeps the norms'
+    shifts, and leaves the gradient of every other parameter exact (ReLU then runs unfused)."""
+    rng = np.random.default_rng(27)
+    opts = dict(bias=False, activation=activation, positions="rope")
+    model = perturb(cls(config(**opts)), rng)
+    with_bias = cls(config(**{**opts, "bias": True}))
+    names = {name for name, _, _ in model.named_parameters()}
+    dropped = {name for name, _, _ in with_bias.named_parameters()} - names
+    assert names < {name for name, _, _ in with_bias.named_parameters()}
+    assert dropped and all(n.rsplit(".", 1)[1] in ("b", "bq", "bk", "bv", "bo") and
+                           "norm" not in n for n in dropped)
+    assert any(n.endswith("norm1.b") for n in names)  # LayerNorm keeps its shift
+    inputs = {"tokens": tokens(rng)} if cls is not EncoderDecoder else {
+        "src": tokens(rng, T_SRC), "tgt": tokens(rng)}
+    kwargs = {"lengths": np.array([T, 3])} if cls is EncoderClassifier else {}
+    assert_gradcheck(check_module(model, inputs, **kwargs), model)
+
+
+def test_without_biases_random_direction_two_layers():
+    rng = np.random.default_rng(28)
+    model = perturb(DecoderLM(config(layers=2, bias=False, norm="rmsnorm", activation="swiglu",
+                                     positions="rope")), rng)
+    assert check_direction(model, {"tokens": tokens(rng)}).ok(1e-6)
+
+
 # ----------------------------------------------------------------------------- invariants
 @pytest.mark.parametrize("positions", POSITIONS)
 def test_decoder_lm_future_tokens_do_not_change_the_past(positions):
@@ -157,13 +185,15 @@ def test_same_seed_same_model_and_dropout_only_in_training():
                               DecoderLM(config(seed=3)).state_dict()["head.w"])
 
 
-def test_numba_backend_matches_numpy():
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_numba_backend_matches_numpy(bias):
     rng = np.random.default_rng(31)
     ids = tokens(rng)
     g = rng.normal(size=(B, T, V))
     runs = []
     for backend in ("numpy", "numba"):
-        model = DecoderLM(config(layers=2, positions="rope", backend=backend))
+        model = DecoderLM(config(layers=2, positions="rope", activation="relu", bias=bias,
+                                 backend=backend))
         logits = model.forward(ids)
         model.backward(g)
         runs.append((logits, {name: grad.copy() for name, _, grad in model.named_parameters()}))
@@ -218,6 +248,7 @@ def test_bad_tokens():
     (dict(num_classes=0), "num_classes must be a positive integer"),
     (dict(backend="cuda"), "backend must be one of"),
     (dict(dtype="float16"), "dtype must be one of"),
+    (dict(bias="no"), "bias must be True or False"),
 ])
 def test_config_validation(overrides, message):
     cfg = config(**overrides)

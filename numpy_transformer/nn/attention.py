@@ -66,6 +66,8 @@ class MultiHeadAttention(Module):
         Add the ALiBi distance bias to the scores (self-attention only).
     max_len : int, optional
         Longest sequence; required with ``rope`` (the angle tables are precomputed).
+    bias : bool, default True
+        Whether the four projections add a bias (LLaMA's have none).
     backend : str or Backend, default ``config.DEFAULT_BACKEND``
         Where the projections and the attention core come from (numba: the fused kernel of
         ``kernels/attention.py``).
@@ -79,13 +81,15 @@ class MultiHeadAttention(Module):
     ----------
     params : wq, bq, wk, bk, wv, bv, wo, bo
         Each w is (C, C) in the ``x @ w`` layout, each b is (C,): 4C^2 + 4C numbers whatever
-        the head count. Initialised like four ``nn.Linear(C, C)``: U(-1/sqrt(C), 1/sqrt(C)).
+        the head count (4C^2 and no b without ``bias``). Initialised like four
+        ``nn.Linear(C, C)``: U(-1/sqrt(C), 1/sqrt(C)).
 
     Notes
     -----
     With ``src = x`` (self-attention) or ``src = context`` (cross-attention):
 
     (1) q = x wq + bq,  k = src wk + bk,  v = src wv + bv          (B, T, C)
+        (without ``bias``, here and in (6), no b is added)
         computed as one product per source with the weights side by side: x [wq | wk | wv]
         (C, 3C) in self-attention, x wq and context [wk | wv] in cross-attention
     (2) split into heads                                           (B, H, T, D)
@@ -106,8 +110,9 @@ class MultiHeadAttention(Module):
     """
 
     def __init__(self, width: int, heads: int, *, rope: bool = False, alibi: bool = False,
-                 max_len: int | None = None, backend: str | Backend = DEFAULT_BACKEND,
-                 keep_weights: bool = False, dtype=np.float64,
+                 max_len: int | None = None, bias: bool = True,
+                 backend: str | Backend = DEFAULT_BACKEND, keep_weights: bool = False,
+                 dtype=np.float64,
                  rng: np.random.Generator | None = None) -> None:
         super().__init__()
         self.ops = get_backend(backend)
@@ -116,7 +121,7 @@ class MultiHeadAttention(Module):
         if width % heads:
             raise ValueError(f"heads={heads} does not divide width={width}")
         self.width, self.heads, self.head_width = width, heads, width // heads
-        self.rope, self.alibi, self.max_len = rope, alibi, max_len
+        self.rope, self.alibi, self.max_len, self.bias = rope, alibi, max_len, bias
         self.keep_weights = keep_weights
         if rope:
             if max_len is None:
@@ -128,7 +133,8 @@ class MultiHeadAttention(Module):
         bound = 1.0 / np.sqrt(width)
         for name in ("q", "k", "v", "o"):
             self.add_param("w" + name, rng.uniform(-bound, bound, (width, width)).astype(dtype))
-            self.add_param("b" + name, rng.uniform(-bound, bound, width).astype(dtype))
+            if bias:
+                self.add_param("b" + name, rng.uniform(-bound, bound, width).astype(dtype))
         self.cache = None
         self.weights = None
 
@@ -184,7 +190,7 @@ class MultiHeadAttention(Module):
         heads, caches = {}, []
         for names, source in zip(("q",) if kept else _groups(cross), sources, strict=False):
             w = np.concatenate([p["w" + n] for n in names], axis=1)  # (C, len(names) C)
-            b = np.concatenate([p["b" + n] for n in names])
+            b = np.concatenate([p["b" + n] for n in names]) if self.bias else None
             # (1) and (2): y[i] holds the heads of names[i], (B, H, T, D)
             y, y_cache = self.ops.linear_heads_forward(source, w, b, len(names), self.heads)
             caches.append(y_cache)
@@ -200,7 +206,8 @@ class MultiHeadAttention(Module):
         o, sdpa_cache = self.ops.sdpa_forward(q, k, v, mask=mask, bias=bias)  # (4)
         if self.keep_weights:
             self.weights = self.ops.attention_weights(q, k, mask=mask, bias=bias)
-        out, out_cache = self.ops.linear_forward(merge_heads(o), p["wo"], p["bo"])  # (5), (6)
+        out, out_cache = self.ops.linear_forward(merge_heads(o), p["wo"],
+                                                 p.get("bo"))  # (5), (6)
         self.cache = None if kv_cache is not None else AttentionCache(
             tuple(caches), sdpa_cache, out_cache, cross, t_q, t_k)
         return out
@@ -222,7 +229,8 @@ class MultiHeadAttention(Module):
         # (6) out = o wo + bo
         do, dwo, dbo = self.ops.linear_backward(dout, c.out)
         self.grads["wo"] += dwo
-        self.grads["bo"] += dbo
+        if self.bias:
+            self.grads["bo"] += dbo
         # (5) merge heads  =>  split the gradient the same way
         do = split_heads(do, self.heads)  # (B, H, T_q, D)
         # (2) split heads  =>  merge the gradients: dq, dk, dv go side by side into one buffer
@@ -248,7 +256,8 @@ class MultiHeadAttention(Module):
             dsource, dw, db = self.ops.linear_backward(dy.reshape(b, dy.shape[1], -1), y_cache)
             for i, n in enumerate(names):
                 self.grads["w" + n] += dw[:, i * self.width:(i + 1) * self.width]
-                self.grads["b" + n] += db[i * self.width:(i + 1) * self.width]
+                if self.bias:
+                    self.grads["b" + n] += db[i * self.width:(i + 1) * self.width]
             dsources.append(dsource)
         # self-attention: x fed q, k and v, and the stacked product already summed the paths
         return tuple(dsources) if c.cross else dsources[0]

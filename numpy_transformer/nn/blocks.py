@@ -74,6 +74,9 @@ class EncoderBlock(_Block):
         Applied to each sublayer's output before the residual addition.
     rope, alibi, max_len
         Passed to the self-attention (see :class:`MultiHeadAttention`).
+    bias : bool, default True
+        Whether the attention's projections and the feed-forward network's linear layers add
+        a bias.
     backend : str or Backend, default ``config.DEFAULT_BACKEND``
     dtype : dtype, default float64
     rng : np.random.Generator, optional
@@ -88,20 +91,20 @@ class EncoderBlock(_Block):
     def __init__(self, width: int, heads: int, ffn_width: int, *, norm: str = "layernorm",
                  activation: str = "gelu", norm_first: bool = True, dropout: float = 0.0,
                  rope: bool = False, alibi: bool = False, max_len: int | None = None,
-                 backend: str | Backend = DEFAULT_BACKEND, dtype=np.float64,
-                 rng: np.random.Generator | None = None) -> None:
+                 bias: bool = True, backend: str | Backend = DEFAULT_BACKEND,
+                 dtype=np.float64, rng: np.random.Generator | None = None) -> None:
         super().__init__(backend)
         rng = np.random.default_rng() if rng is None else rng
         ops = self.ops
         self.norm_first = norm_first
         self.norm1 = self.add("norm1", make_norm(norm, width, dtype=dtype, backend=ops))
         self.attn = self.add("attn", MultiHeadAttention(
-            width, heads, rope=rope, alibi=alibi, max_len=max_len, backend=ops, dtype=dtype,
-            rng=rng))
+            width, heads, rope=rope, alibi=alibi, max_len=max_len, bias=bias, backend=ops,
+            dtype=dtype, rng=rng))
         self.drop1 = self.add("drop1", Dropout(dropout, seed=_seed(rng)))
         self.norm2 = self.add("norm2", make_norm(norm, width, dtype=dtype, backend=ops))
-        self.ffn = self.add("ffn", FeedForward(width, ffn_width, activation, dtype=dtype,
-                                                  rng=rng, backend=ops))
+        self.ffn = self.add("ffn", FeedForward(width, ffn_width, activation, bias=bias,
+                                                  dtype=dtype, rng=rng, backend=ops))
         self.drop2 = self.add("drop2", Dropout(dropout, seed=_seed(rng)))
 
     def forward(self, x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
@@ -137,7 +140,7 @@ class DecoderBlock(_Block):
     Parameters
     ----------
     width, heads, ffn_width, norm, activation, norm_first, dropout, rope, alibi, max_len,
-    backend, dtype, rng
+    bias, backend, dtype, rng
         As for :class:`EncoderBlock` (rope and alibi apply to the self-attention only).
     cross : bool, default False
         Add the cross-attention sublayer (encoder-decoder models). Without it this is the
@@ -155,26 +158,27 @@ class DecoderBlock(_Block):
     def __init__(self, width: int, heads: int, ffn_width: int, *, cross: bool = False,
                  norm: str = "layernorm", activation: str = "gelu", norm_first: bool = True,
                  dropout: float = 0.0, rope: bool = False, alibi: bool = False,
-                 max_len: int | None = None, backend: str | Backend = DEFAULT_BACKEND,
-                 dtype=np.float64, rng: np.random.Generator | None = None) -> None:
+                 max_len: int | None = None, bias: bool = True,
+                 backend: str | Backend = DEFAULT_BACKEND, dtype=np.float64,
+                 rng: np.random.Generator | None = None) -> None:
         super().__init__(backend)
         rng = np.random.default_rng() if rng is None else rng
         ops = self.ops
         self.norm_first, self.cross = norm_first, cross
         self.norm1 = self.add("norm1", make_norm(norm, width, dtype=dtype, backend=ops))
         self.attn = self.add("attn", MultiHeadAttention(
-            width, heads, rope=rope, alibi=alibi, max_len=max_len, backend=ops, dtype=dtype,
-            rng=rng))
+            width, heads, rope=rope, alibi=alibi, max_len=max_len, bias=bias, backend=ops,
+            dtype=dtype, rng=rng))
         self.drop1 = self.add("drop1", Dropout(dropout, seed=_seed(rng)))
         if cross:
             self.cross_norm = self.add("cross_norm", make_norm(norm, width, dtype=dtype,
                                                                backend=ops))
             self.cross_attn = self.add("cross_attn", MultiHeadAttention(
-                width, heads, backend=ops, dtype=dtype, rng=rng))
+                width, heads, bias=bias, backend=ops, dtype=dtype, rng=rng))
             self.cross_drop = self.add("cross_drop", Dropout(dropout, seed=_seed(rng)))
         self.norm2 = self.add("norm2", make_norm(norm, width, dtype=dtype, backend=ops))
-        self.ffn = self.add("ffn", FeedForward(width, ffn_width, activation, dtype=dtype,
-                                                  rng=rng, backend=ops))
+        self.ffn = self.add("ffn", FeedForward(width, ffn_width, activation, bias=bias,
+                                                  dtype=dtype, rng=rng, backend=ops))
         self.drop2 = self.add("drop2", Dropout(dropout, seed=_seed(rng)))
 
     def forward(self, x: np.ndarray, memory: np.ndarray | None = None,

@@ -295,6 +295,8 @@ class FeedForward(Module):
     activation : str, default "gelu"
         One of ``config.ACTIVATIONS``: ``gelu`` is the exact (erf) GELU, ``gelu_tanh`` its
         tanh approximation, ``swiglu`` the gated unit.
+    bias : bool, default True
+        Whether the linear layers add a bias (LLaMA's have none).
     dtype : dtype, default float64
     rng : np.random.Generator, optional
     backend : str or Backend, default ``config.DEFAULT_BACKEND``
@@ -306,10 +308,11 @@ class FeedForward(Module):
     swiglu (children ``gate``, ``up``, ``down``; LLaMA's w1, w3, w2):
         (1) g = gate(x), u = up(x)   (2) a = silu(g) * u   (3) out = down(a)
 
-    With ReLU, (1)-(3) are one operation of the backend, ``relu_ffn_forward`` (the composition
-    in ``functional/fused.py``; with numba one kernel that keeps each chunk of rows in cache
-    through both products); ``up`` and ``down`` then only hold the parameters and gradients,
-    and the cache is that operation's.
+    With ReLU and biases, (1)-(3) are one operation of the backend, ``relu_ffn_forward`` (the
+    composition in ``functional/fused.py``; with numba one kernel that keeps each chunk of rows
+    in cache through both products); ``up`` and ``down`` then only hold the parameters and
+    gradients, and the cache is that operation's. That operation adds both biases, so without
+    them the ReLU network runs its three steps one by one, as the other activations do.
 
     References
     ----------
@@ -317,25 +320,25 @@ class FeedForward(Module):
     Shazeer, "GLU Variants Improve Transformer", 2020.
     """
 
-    def __init__(self, width: int, hidden: int, activation: str = "gelu", *, dtype=np.float64,
-                 rng: np.random.Generator | None = None,
+    def __init__(self, width: int, hidden: int, activation: str = "gelu", *, bias: bool = True,
+                 dtype=np.float64, rng: np.random.Generator | None = None,
                  backend: BackendArg = DEFAULT_BACKEND) -> None:
         super().__init__()
         self.ops = get_backend(backend)
         self.activation = check_choice("activation", activation, ACTIVATIONS)
         rng = _generator(rng)
+        opts = dict(bias=bias, dtype=dtype, rng=rng, backend=self.ops)
         if activation == "swiglu":
-            self.gate = self.add("gate", Linear(width, hidden, dtype=dtype, rng=rng,
-                                                backend=self.ops))
-        self.up = self.add("up", Linear(width, hidden, dtype=dtype, rng=rng, backend=self.ops))
-        self.down = self.add("down", Linear(hidden, width, dtype=dtype, rng=rng,
-                                            backend=self.ops))
+            self.gate = self.add("gate", Linear(width, hidden, **opts))
+        self.up = self.add("up", Linear(width, hidden, **opts))
+        self.down = self.add("down", Linear(hidden, width, **opts))
         self.act_forward, self.act_backward = self.ops.activation(activation)
+        self.fused = activation == "relu" and bias  # relu_ffn_forward adds both biases
         self.cache = None  # the activation's cache, or relu_ffn_forward's
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (B, T, C) -> out : (B, T, C)."""
-        if self.activation == "relu":  # (1)-(3) as one operation
+        if self.fused:  # (1)-(3) as one operation
             up, down = self.up.params, self.down.params
             out, self.cache = self.ops.relu_ffn_forward(x, up["w"], up["b"], down["w"],
                                                         down["b"])
@@ -348,7 +351,7 @@ class FeedForward(Module):
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout : (B, T, C) -> dx : (B, T, C); adds into every child's ``grads``."""
-        if self.activation == "relu":  # (3)-(1)
+        if self.fused:  # (3)-(1)
             dx, dw1, db1, dw2, db2 = self.ops.relu_ffn_backward(dout, self.cache)
             for layer, dw, db in ((self.up, dw1, db1), (self.down, dw2, db2)):
                 layer.grads["w"] += dw

@@ -34,7 +34,7 @@ def _block_options(config: TransformerConfig, rng: np.random.Generator) -> dict:
     """The keyword arguments every block of a model shares (the backend: its namespace)."""
     return dict(norm=config.norm, activation=config.activation, norm_first=config.norm_first,
                 dropout=config.dropout, rope=config.positions == "rope",
-                alibi=config.positions == "alibi", max_len=config.max_len,
+                alibi=config.positions == "alibi", max_len=config.max_len, bias=config.bias,
                 backend=get_backend(config.backend), dtype=np.dtype(config.dtype), rng=rng)
 
 
@@ -190,7 +190,7 @@ class EncoderClassifier(Module):
                              "predicts num_classes classes")
         rng = np.random.default_rng(config.seed)
         self.encoder = self.add("encoder", Encoder(config, rng))
-        self.head = self.add("head", Linear(config.width, config.num_classes,
+        self.head = self.add("head", Linear(config.width, config.num_classes, config.bias,
                                             dtype=np.dtype(config.dtype), rng=rng,
                                             backend=get_backend(config.backend)))
 
@@ -213,8 +213,8 @@ def _vocab_head(config: TransformerConfig, decoder: Decoder,
     """The output projection to the vocabulary: the decoder's token table reused, or a Linear."""
     if config.tie_embeddings:
         return TiedOutput(decoder.embed.tokens)
-    return Linear(config.width, config.vocab, dtype=np.dtype(config.dtype), rng=rng,
-                  backend=get_backend(config.backend))
+    return Linear(config.width, config.vocab, config.bias, dtype=np.dtype(config.dtype),
+                  rng=rng, backend=get_backend(config.backend))
 
 
 class DecoderLM(Module):
@@ -224,7 +224,8 @@ class DecoderLM(Module):
     ----------
     config : TransformerConfig
         With ``tie_embeddings`` the head is ``x @ table^T`` on the decoder's token table (no
-        bias); otherwise a ``Linear(C, V)`` with bias, as in the chapter's character model.
+        bias); otherwise a ``Linear(C, V)``, with a bias unless ``config.bias`` is False (the
+        chapter's character model has one).
 
     Examples
     --------

@@ -1,0 +1,86 @@
+"""Bring weights back from PyTorch or Hugging Face and study a gradient by hand.
+
+    python examples/study_gradient.py runs/char-lm/safetensors/ddp        # after continue_ddp
+    python examples/study_gradient.py my-gpt2-dir                          # a transformers dir
+
+1. Reads the weights with ``numpy_transformer.export``: a ``model.safetensors`` written by
+   ``numpy-transformer export`` or ``examples/continue_ddp.py`` (config and tokenizer in its
+   metadata), or a Hugging Face directory of GPT-2's or LLaMA's shape.
+2. Runs one forward and one hand-written backward of the cross-entropy on a batch of the
+   text, on the readable NumPy references, and prints the loss and the gradient of each
+   block's tensors, largest first: every number there comes from lines of NumPy you can read
+   (``numpy_transformer/functional``).
+3. Checks that gradient in float64 against finite differences along one random direction
+   (``gradcheck.check_direction``): the relative error is about 1e-9 or smaller.
+
+Needs ``pip install "numpy_transformer[hf]"`` (safetensors; transformers for a directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from numpy_transformer.corpus import load_corpus
+from numpy_transformer.data import get_batch, load_text, window_schedule
+from numpy_transformer.export import WEIGHTS_FILE, load_hf, load_safetensors
+from numpy_transformer.functional import cross_entropy_backward, cross_entropy_forward
+from numpy_transformer.gradcheck import check_direction
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("source", type=Path, help="a folder with model.safetensors, a .safetensors "
+                   "file, or a Hugging Face model directory")
+    p.add_argument("--text", type=Path, help="text for the batch [the run's, or the embedded "
+                   "corpus]")
+    p.add_argument("--batch", type=int, default=8, help="windows in the batch [8]")
+    p.add_argument("--top", type=int, default=12, help="tensors to list [12]")
+    return p.parse_args()
+
+
+def load(source: Path):
+    """The model and tokenizer in ``source``, whichever of the two formats it is."""
+    if source.is_dir() and (source / "config.json").is_file():
+        return load_hf(source, backend="numpy")
+    return load_safetensors(source / WEIGHTS_FILE if source.is_dir() else source,
+                            backend="numpy")
+
+
+def main() -> None:
+    args = parse_args()
+    exported = load(args.source)
+    model, tokenizer = exported.model, exported.tokenizer
+    if tokenizer is None:
+        raise SystemExit(f"{args.source}: this example needs a character language model")
+    text_path = args.text or exported.info.get("options", {}).get("text")
+    ids = tokenizer.encode(load_text(text_path) if text_path else load_corpus(),
+                           unknown="skip")
+    context = model.config.max_len
+    starts = window_schedule(len(ids), context, args.batch, 1, np.random.default_rng(0))[0]
+    x, y = get_batch(ids, starts, context)
+
+    # 2. one forward and one backward, by hand
+    model.eval()  # no dropout: the gradient of a deterministic function
+    model.zero_grad()
+    loss, cache = cross_entropy_forward(model(x), y)
+    model.backward(cross_entropy_backward(1.0, cache))
+    print(f"{type(model).__name__}, {model.num_parameters():,} parameters, "
+          f"{model.config.dtype}; loss on a batch of {args.batch} windows: {loss:.6f}")
+    norms = sorted(((float(np.linalg.norm(g)), name) for name, _, g in model.named_parameters()),
+                   reverse=True)
+    print(f"largest gradients (of {len(norms)} tensors):")
+    for norm, name in norms[:args.top]:
+        print(f"  {norm:10.3e}  {name}")
+
+    # 3. the same gradient against finite differences, in float64, on two windows
+    model.astype(np.float64)
+    report = check_direction(model, {"tokens": x[:2]})
+    print(f"float64 check along a random direction: relative error "
+          f"{report.max_rel:.1e} ({'ok' if report.ok(1e-6) else 'FAILED'})")
+
+
+if __name__ == "__main__":
+    main()

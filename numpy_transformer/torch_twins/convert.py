@@ -1,0 +1,286 @@
+"""Our models to their twins and back, weights and Adam's state alike.
+
+* :func:`to_torch` -- the twin of any of our modules, holding a copy of its weights.
+* :func:`from_torch` -- one of our models from a model twin, holding the twin's weights.
+* :func:`adam_to_torch`, :func:`adam_from_torch` -- Adam's moments, step count and
+  hyperparameters into a ``torch.optim.Adam``/``AdamW`` over the twin's parameters, and back,
+  so that training continues where it stopped: the next update is the same in both.
+
+Names and layouts come from ``numpy_transformer.interop`` (one map, used for the weights and
+for the moments, which have their parameter's shape).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from .. import interop
+from .. import nn as ours
+from ..config import DEFAULT_BACKEND
+from ..optim import Adam, AdamW
+from . import modules
+from ._torch import nn, torch
+from .ops import TORCH_DTYPES
+
+_MODELS = ("EncoderClassifier", "DecoderLM", "EncoderDecoder")
+
+
+# ============================================================================ weights
+def _norm_name(norm) -> str:
+    return "layernorm" if isinstance(norm, ours.LayerNorm) else "rmsnorm"
+
+
+def _block_kwargs(block) -> dict:
+    attn = block.attn
+    return dict(norm=_norm_name(block.norm1), activation=block.ffn.activation,
+                norm_first=block.norm_first, dropout=block.drop1.p, rope=attn.rope,
+                alibi=attn.alibi, max_len=attn.max_len, bias=attn.bias)
+
+
+def twin_class(name: str) -> type[nn.Module]:
+    """The twin class of one of our model families, by its name (``"DecoderLM"``, ...).
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not one of the three model families.
+    """
+    if name not in _MODELS:
+        raise ValueError(f"no twin for a model of kind {name!r}; the kinds are {_MODELS}")
+    return getattr(modules, name)
+
+
+def build_twin(module: ours.Module) -> nn.Module:
+    """An untrained twin with the architecture of ``module`` (weights not copied).
+
+    Raises
+    ------
+    ValueError
+        If ``module`` has no twin (a ``Dropout``, a ``ModuleList``, a ``TiedOutput``...).
+    """
+    if isinstance(module, (ours.EncoderClassifier, ours.DecoderLM, ours.EncoderDecoder)):
+        return twin_class(type(module).__name__)(module.config)
+    if isinstance(module, ours.Linear):
+        c_in, c_out = module.params["w"].shape
+        return nn.Linear(c_in, c_out, bias="b" in module.params)
+    if isinstance(module, ours.Embedding):
+        return nn.Embedding(*module.params["table"].shape)
+    if isinstance(module, ours.LayerNorm):
+        return nn.LayerNorm(module.params["w"].shape[0], eps=module.eps)
+    if isinstance(module, ours.RMSNorm):
+        return nn.RMSNorm(module.params["w"].shape[0], eps=module.eps)
+    if isinstance(module, ours.FeedForward):
+        width, hidden = module.up.params["w"].shape
+        return modules.FeedForward(width, hidden, module.activation, "b" in module.up.params)
+    if isinstance(module, ours.MultiHeadAttention):
+        return modules.MultiHeadAttention(module.width, module.heads, rope=module.rope,
+                                          alibi=module.alibi, max_len=module.max_len,
+                                          bias=module.bias)
+    if isinstance(module, ours.SinusoidalPositions):
+        return modules.SinusoidalPositions(module.max_len, module.width)
+    if isinstance(module, ours.LearnedPositions):
+        return modules.LearnedPositions(module.max_len, module.width)
+    if isinstance(module, (ours.EncoderBlock, ours.DecoderBlock)):
+        width, ffn_width = module.ffn.up.params["w"].shape
+        heads = module.attn.heads
+        if isinstance(module, ours.EncoderBlock):
+            return modules.EncoderBlock(width, heads, ffn_width, **_block_kwargs(module))
+        return modules.DecoderBlock(width, heads, ffn_width, cross=module.cross,
+                                    **_block_kwargs(module))
+    raise ValueError(f"no twin for {type(module).__name__}")
+
+
+def dtype_of(module: ours.Module) -> np.dtype:
+    """The dtype of the module's first parameter (or buffer; float64 if it has neither)."""
+    for _, p, _ in module.named_parameters():
+        return p.dtype
+    for b in module.buffers.values():
+        return b.dtype
+    return np.dtype(np.float64)
+
+
+def to_torch(module: ours.Module) -> nn.Module:
+    """The twin of ``module`` in its dtype, holding a copy of its weights.
+
+    Parameters
+    ----------
+    module : Module
+        A model (``EncoderClassifier``, ``DecoderLM``, ``EncoderDecoder``), a block or a layer.
+
+    Returns
+    -------
+    twin : torch.nn.Module
+        On the CPU, in training mode. Move it as any module: ``twin.to("cuda")``.
+    """
+    twin = build_twin(module).to(TORCH_DTYPES[dtype_of(module)])
+    state = {k: torch.from_numpy(a) for k, a in interop.to_torch_state_dict(module).items()}
+    twin.load_state_dict(state, strict=True)
+    return twin
+
+
+def from_torch(twin: nn.Module, backend: str | None = None) -> ours.Module:
+    """One of our models holding a copy of a model twin's weights (the inverse of
+    :func:`to_torch` for models).
+
+    Parameters
+    ----------
+    twin : EncoderClassifier, DecoderLM or EncoderDecoder of this package
+        Unwrap a ``DistributedDataParallel`` first (``ddp.module``).
+    backend : str, optional
+        The new model's backend; default the one in ``twin.config``.
+
+    Returns
+    -------
+    model : Module
+        Of the same family and config, in the dtype of the twin's parameters (float32 or
+        float64), in training mode.
+
+    Raises
+    ------
+    ValueError
+        If ``twin`` is not a model twin, or its parameters are not float32 or float64.
+    """
+    name = type(twin).__name__
+    if name not in _MODELS or not isinstance(twin, twin_class(name)):
+        raise ValueError(f"from_torch takes a model twin ({', '.join(_MODELS)}), got {name}; "
+                         f"for a layer use interop.from_torch_state_dict(layer, "
+                         f"twin.state_dict())")
+    dtypes = {p.dtype for p in twin.parameters()}
+    by_torch = {t: np.dtype(d).name for d, t in TORCH_DTYPES.items()}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in by_torch:
+        raise ValueError(f"the twin's parameters must all be float32 or all float64, got "
+                         f"{sorted(str(d) for d in dtypes)}")
+    config = replace(twin.config, dtype=by_torch[next(iter(dtypes))],
+                     backend=twin.config.backend if backend is None else backend)
+    model = getattr(ours, name)(config)
+    interop.from_torch_state_dict(model, twin.state_dict())
+    return model
+
+
+def gradient_pairs(module: ours.Module, twin: nn.Module):
+    """Yield ``(our name, our grad, twin grad in our layout)`` for every parameter."""
+    grads = {name: g for name, _, g in module.named_parameters()}
+    twin_params = dict(twin.named_parameters())
+    for name, (torch_name, transpose) in interop.torch_names(module).items():
+        tg = twin_params[torch_name].grad
+        tg = np.zeros(grads[name].shape[::-1] if transpose else grads[name].shape) \
+            if tg is None else tg.detach().numpy()
+        yield name, grads[name], tg.T if transpose else tg
+
+
+# ============================================================================ Adam's state
+def adam_to_torch(optimizer: Adam, model: ours.Module,
+                  twin: nn.Module) -> torch.optim.Adam | torch.optim.AdamW:
+    """A torch optimiser over ``twin``'s parameters that continues ``optimizer``'s run.
+
+    Parameters
+    ----------
+    optimizer : Adam or AdamW
+        Ours, after any number of steps on ``model``'s parameters.
+    model : Module
+        The model ``optimizer`` trains (for the names of its parameters).
+    twin : torch.nn.Module
+        ``to_torch(model)``, or any twin with the same parameters (after
+        ``DistributedDataParallel``, pass ``ddp.module``).
+
+    Returns
+    -------
+    torch_optimizer : torch.optim.Adam or torch.optim.AdamW
+        Same class, learning rate, betas and eps. Our decay rule becomes two parameter groups:
+        the decayed parameters with ``weight_decay``, the others with 0 (torch's own default
+        decays every parameter of a group). Each parameter's state holds our moments (linear
+        weights' transposed like the weights) and our step count, so torch's next update is
+        the one ours would make.
+    """
+    torch_class = torch.optim.AdamW if optimizer.decoupled else torch.optim.Adam
+    names = interop.torch_names(model)
+    params = {name: p for name, p, _ in model.named_parameters()}
+    twin_params = dict(twin.named_parameters())
+    decayed = {n for n in names if optimizer.weight_decay and optimizer.decays(n, params[n])}
+    groups = [{"params": [twin_params[names[n][0]] for n in names if (n in decayed) == d],
+               "weight_decay": optimizer.weight_decay if d else 0.0} for d in (True, False)]
+    torch_opt = torch_class([g for g in groups if g["params"]], lr=optimizer.lr,
+                            betas=optimizer.betas, eps=optimizer.eps)
+    if optimizer.t:
+        m = interop.to_torch_layout(model, optimizer.m)
+        v = interop.to_torch_layout(model, optimizer.v)
+        for torch_name, p in twin_params.items():
+            torch_opt.state[p] = {
+                "step": torch.tensor(float(optimizer.t)),  # torch counts per parameter
+                "exp_avg": torch.from_numpy(m[torch_name]).to(p.device),
+                "exp_avg_sq": torch.from_numpy(v[torch_name]).to(p.device)}
+    return torch_opt
+
+
+def _shared(groups: list[dict], key: str):
+    values = {repr(g[key]) for g in groups}
+    if len(values) != 1:
+        raise ValueError(f"the parameter groups of the torch optimiser differ in {key!r} "
+                         f"({sorted(values)}); ours has one value for all parameters")
+    return groups[0][key]
+
+
+def adam_from_torch(torch_opt: torch.optim.Optimizer, twin: nn.Module, model: ours.Module,
+                    backend: str = DEFAULT_BACKEND) -> Adam:
+    """Our optimiser continuing a torch ``Adam``/``AdamW`` run (the inverse of
+    :func:`adam_to_torch`).
+
+    Parameters
+    ----------
+    torch_opt : torch.optim.Adam or torch.optim.AdamW
+        Over ``twin``'s parameters, every one in some group.
+    twin : torch.nn.Module
+    model : Module
+        Ours, holding the twin's weights (``from_torch(twin)``).
+    backend : str, default ``config.DEFAULT_BACKEND``
+
+    Returns
+    -------
+    optimizer : Adam or AdamW
+        Same hyperparameters; the decay rule is the set of parameters whose group has a
+        positive ``weight_decay``; moments and step count from the torch state.
+
+    Raises
+    ------
+    ValueError
+        If the optimiser is another kind, uses amsgrad or maximize, its groups differ in lr,
+        betas, eps or positive weight decay, a parameter of the twin is in no group, or the
+        parameters' step counts differ.
+    """
+    if type(torch_opt) not in (torch.optim.Adam, torch.optim.AdamW):
+        raise ValueError(f"adam_from_torch takes torch.optim.Adam or AdamW, got "
+                         f"{type(torch_opt).__name__}")
+    groups = torch_opt.param_groups
+    for flag in ("amsgrad", "maximize"):
+        if any(g.get(flag) for g in groups):
+            raise ValueError(f"the torch optimiser uses {flag}=True, which ours does not have")
+    lr, betas, eps = (_shared(groups, k) for k in ("lr", "betas", "eps"))
+    decaying = [g for g in groups if g["weight_decay"] > 0]
+    weight_decay = _shared(decaying, "weight_decay") if decaying else 0.0
+    group_of = {id(p): g for g in groups for p in g["params"]}
+    names = interop.torch_names(model)
+    twin_params = dict(twin.named_parameters())
+    ungrouped = sorted(t for t, _ in names.values() if id(twin_params[t]) not in group_of)
+    if ungrouped:
+        raise ValueError(f"parameters {ungrouped} are in no group of the torch optimiser")
+    decay = frozenset(n for n, (t, _) in names.items()
+                      if group_of[id(twin_params[t])]["weight_decay"] > 0)
+    optimizer = (AdamW if type(torch_opt) is torch.optim.AdamW else Adam)(
+        lr=float(lr), betas=tuple(float(b) for b in betas), eps=float(eps),
+        weight_decay=float(weight_decay), decay=decay, backend=backend)
+    states = [torch_opt.state.get(twin_params[t], {}) for t, _ in names.values()]
+    steps = {int(s["step"]) for s in states if s}
+    if len(steps) > 1 or (steps and not all(states)):
+        raise ValueError(f"the parameters' step counts differ ({sorted(steps)}, or some have "
+                         f"no state); ours has one step count")
+    if steps:
+        m = {t: s["exp_avg"] for (t, _), s in zip(names.values(), states, strict=True)}
+        v = {t: s["exp_avg_sq"] for (t, _), s in zip(names.values(), states, strict=True)}
+        optimizer.load_state_dict({
+            "t": steps.pop(), "lr": optimizer.lr, "beta1": optimizer.betas[0],
+            "beta2": optimizer.betas[1], "eps": optimizer.eps,
+            "weight_decay": optimizer.weight_decay,
+            "m": interop.from_torch_layout(model, m), "v": interop.from_torch_layout(model, v)})
+    return optimizer
