@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ._version import __version__
 from .allocator import reuse_freed_memory
-from .config import ACTIVATIONS, BACKENDS, DTYPES, NORMS, POSITIONS
+from .config import ACTIVATIONS, BACKENDS, DTYPES, EXPORT_FORMATS, NORMS, POSITIONS
 from .runs.options import (
     COPY_SHIFT,
     DEFAULT_TASK,
@@ -258,7 +258,6 @@ def build_parser() -> Parser:
                    help="largest relative error accepted [%(default)g]")
     c.add_argument("--list", action="store_true", help="list the names and exit")
 
-    from .export import FORMATS  # the export block is self-contained: its names stay there
 
     e = sub.add_parser("export", help="write a trained model as safetensors (for PyTorch) or "
                        "a Hugging Face directory", description="Write a run's model where other "
@@ -272,7 +271,8 @@ def build_parser() -> Parser:
                        "runs/char-lm/safetensors\n  numpy-transformer export runs/gpt --format "
                        "hf --out gpt-hf", formatter_class=raw)
     e.add_argument("run", metavar="RUN_DIR|CHECKPOINT", help="a run folder or a checkpoint .npz")
-    e.add_argument("--format", choices=FORMATS, default=FORMATS[0], help=f"[{FORMATS[0]}]")
+    e.add_argument("--format", choices=EXPORT_FORMATS, default=EXPORT_FORMATS[0],
+                   help=f"[{EXPORT_FORMATS[0]}]")
     e.add_argument("--out", metavar="DIR", help="where the files go [RUN_DIR/FORMAT]")
 
     b = sub.add_parser("bench", help="quick benchmarks (attention, generation, a training "
@@ -336,17 +336,10 @@ def cmd_gradcheck(args: argparse.Namespace) -> int:
     return EXIT_DIVERGED
 
 
-def cmd_export(args) -> int:
-    from .export import export_run, optimizer_of
+def cmd_export(args: argparse.Namespace) -> int:
+    from .runs.export import export_checkpoint
 
-    path = checkpoint_path(args.run)
-    model, tokenizer, ckpt = model_from_checkpoint(path)
-    out = Path(args.out) if args.out else path.parent / args.format
-    try:
-        written = export_run(out, args.format, model, tokenizer, optimizer_of(ckpt),
-                             info={"step": ckpt.step, "options": ckpt.options})
-    except (ImportError, OSError, ValueError) as e:
-        raise UsageError(f"{path}: {e}") from None
+    written = export_checkpoint(args.run, args.format, args.out)
     print(f"wrote {', '.join(str(p) for p in written)}", flush=True)
     return EXIT_OK
 

@@ -28,7 +28,7 @@ LAYERS = (
     ("backend",),  # the one seam between the two
     ("nn",),  # modules and models
     ("optim", "schedules", "train", "generate", "checkpoint", "gradcheck", "gradcheck_tables",
-     "data", "tasks", "corpus", "interop", "plots"),  # built on the modules
+     "data", "tasks", "corpus", "interop", "plots", "export", "torch_twins"),  # built on nn
     ("runs",),  # training runs on disk
     ("cli", "__main__"),  # the command line
 )

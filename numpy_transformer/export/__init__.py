@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..checkpoint import Checkpoint
-from ..config import DEFAULT_BACKEND
+from ..config import DEFAULT_BACKEND, EXPORT_FORMATS
 from ..data import CharTokenizer
 from ..nn import Module
 from ..optim import Adam, AdamW
@@ -35,9 +35,8 @@ from .safetensors_file import (
 
 __all__ = ["Exported", "save_safetensors", "load_safetensors", "save_optimizer",
            "load_optimizer", "save_hf", "load_hf", "hf_family", "rope_half_order",
-           "to_hf_state", "from_hf_state", "export_run", "optimizer_of", "FORMATS"]
+           "to_hf_state", "from_hf_state", "export_run", "optimizer_of"]
 
-FORMATS = ("safetensors", "hf")
 WEIGHTS_FILE, OPTIMIZER_FILE = "model.safetensors", "optimizer.safetensors"
 
 
@@ -68,8 +67,8 @@ def export_run(out: str | Path, fmt: str, model: Module, tokenizer: CharTokenize
     ValueError
         For an unknown format, or a model that fits no Hugging Face family (``hf``).
     """
-    if fmt not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+    if fmt not in EXPORT_FORMATS:
+        raise ValueError(f"format must be one of {EXPORT_FORMATS}, got {fmt!r}")
     out = Path(out)
     if fmt == "hf":
         hf_family(model)  # refuse before creating anything

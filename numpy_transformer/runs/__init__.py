@@ -14,6 +14,8 @@ module imports only those above it in this list, never one below:
     :class:`~.state.Run`, a run in memory, built from options or rebuilt from a checkpoint
 ``sample``
     text from a trained language model (``numpy-transformer sample``)
+``export``
+    a trained model for other tools (``numpy-transformer export``)
 ``report``
     what a run writes after its last step: held-out loss, plots, a sample
 ``loop``
