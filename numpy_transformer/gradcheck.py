@@ -318,7 +318,8 @@ def verdict(mine: np.ndarray, other: np.ndarray, tol: float = 1e-6, atol: float 
 
 def compare(name: str, mine: np.ndarray, reference: np.ndarray | None = None,
             numeric: np.ndarray | None = None, *, entries: np.ndarray | None = None,
-            tol: float = 1e-6, atol: float = 1e-10, strict: bool = True) -> None:
+            tol: float = 1e-6, atol: float = 1e-10, strict: bool = True,
+            label: str = "library") -> None:
     """Check a gradient of your own against the library's and against finite differences.
 
     Prints one line, ``name``, then a verdict against each of ``reference`` and ``numeric``
@@ -345,6 +346,8 @@ def compare(name: str, mine: np.ndarray, reference: np.ndarray | None = None,
     strict : bool, default True
         Raise :class:`WrongGradientError` after printing when a verdict is ``WRONG``, so that
         a notebook run top to bottom (in CI) stops there.
+    label : str, default "library"
+        What ``reference`` is, printed before its verdict.
 
     Raises
     ------
@@ -369,7 +372,7 @@ def compare(name: str, mine: np.ndarray, reference: np.ndarray | None = None,
     mine = np.asarray(mine)
     parts = []
     if reference is not None:
-        parts.append(f"library {verdict(mine, reference, tol, atol):<28}")
+        parts.append(f"{label} {verdict(mine, reference, tol, atol):<28}")
     if numeric is not None:
         sample = mine if entries is None else mine.reshape(-1)[np.asarray(entries)]
         parts.append(f"finite differences {verdict(sample, numeric, tol, atol)}")
