@@ -14,6 +14,11 @@ For big models, :func:`check_direction` costs two forward passes: it compares th
 derivative ``<G, J v>`` by finite differences with ``<J^T G, v>`` from the backward, for one
 random direction ``v`` over all inputs and parameters at once (the check of JAX's
 ``check_vjp``).
+
+For a reader deriving gradients by hand (the notebooks of ``docs/notebooks``),
+:func:`compare` checks one array of their own against the library's and against finite
+differences, and prints one line: ``exact``, ``close (max rel err ...)`` or
+``WRONG (max abs err ...)``.
 """
 
 from __future__ import annotations
@@ -72,22 +77,43 @@ def _compare(name: str, analytic: np.ndarray, numeric: np.ndarray) -> GradcheckR
     return GradcheckRow(name, tuple(analytic.shape), float(diff), float(rel))
 
 
-def numeric_grad(loss: Callable[[], float], x: np.ndarray, h: float = 1e-6) -> np.ndarray:
-    """Central differences of the scalar ``loss()`` with respect to every entry of ``x``.
+def numeric_grad(loss: Callable[[], float], x: np.ndarray, h: float = 1e-6,
+                 entries: np.ndarray | None = None) -> np.ndarray:
+    """Central differences of the scalar ``loss()`` with respect to the entries of ``x``.
 
     ``x`` is perturbed in place and restored, so ``loss`` must read ``x`` when called.
+
+    Parameters
+    ----------
+    loss : callable
+        ``loss() -> float``, reading ``x``.
+    x : ndarray
+        Float64, perturbed one entry at a time.
+    h : float, default 1e-6
+        Step of the central difference.
+    entries : ndarray of int, optional
+        Flat indices into ``x``: only these entries are perturbed (two calls of ``loss`` each,
+        for tensors too big to difference whole).
+
+    Returns
+    -------
+    grad : ndarray
+        Shaped like ``x``; or, with ``entries``, of shape ``entries.shape``, the derivatives
+        at those entries.
     """
-    grad = np.zeros_like(x)
-    flat, gflat = x.reshape(-1), grad.reshape(-1)  # views: writes reach x and grad
-    for i in range(flat.size):
-        old = flat[i]
-        flat[i] = old + h
+    flat = x.reshape(-1)  # a view: writes reach x
+    index = np.arange(flat.size) if entries is None else np.asarray(entries)
+    grad = np.zeros(index.shape, dtype=x.dtype)
+    gflat = grad.reshape(-1)  # a view: writes reach grad
+    for i, j in enumerate(index.reshape(-1)):
+        old = flat[j]
+        flat[j] = old + h
         up = loss()
-        flat[i] = old - h
+        flat[j] = old - h
         down = loss()
-        flat[i] = old
+        flat[j] = old
         gflat[i] = (up - down) / (2.0 * h)
-    return grad
+    return grad.reshape(x.shape) if entries is None else grad
 
 
 def _require_float64(named: dict[str, np.ndarray]) -> None:
@@ -257,3 +283,100 @@ def check_direction(module, inputs: dict[str, np.ndarray], *, seed: int = 0, h: 
     numeric = (up - down) / (2.0 * h)
     row = _compare("direction <v, J^T G>", np.array(analytic), np.array(numeric))
     return GradcheckReport(title or f"{type(module).__name__} (random direction)", [row])
+
+
+# ---------------------------------------------------------------------------------------------
+# compare: one line per tensor, for a reader checking a gradient derived by hand
+# ---------------------------------------------------------------------------------------------
+
+class WrongGradientError(AssertionError):
+    """Raised by :func:`compare` after it printed a ``WRONG`` verdict."""
+
+
+def verdict(mine: np.ndarray, other: np.ndarray, tol: float = 1e-6, atol: float = 1e-10) -> str:
+    """``"exact"``, ``"close (max rel err e)"`` or ``"WRONG (max abs err e)"`` for two arrays.
+
+    Exact means the same shape and bit-for-bit equal values. Close means the worst entry error
+    is within ``tol`` of the arrays' scale (the relative error of :func:`check_op`), or within
+    ``atol`` absolutely (for gradients that are zero in theory and rounding noise in practice).
+    A shape mismatch is ``WRONG`` and names both shapes.
+    """
+    mine, other = np.asarray(mine), np.asarray(other)
+    if mine.shape != other.shape:
+        return f"WRONG (shape {mine.shape}, expected {other.shape})"
+    if np.array_equal(mine, other):
+        return "exact"
+    row = _compare("", mine, other)
+    if not np.isfinite(row.max_abs):
+        return "WRONG (not finite)"
+    if row.max_rel <= tol:
+        return f"close (max rel err {row.max_rel:.1e})"
+    if row.max_abs <= atol:
+        return f"close (max abs err {row.max_abs:.1e})"
+    return f"WRONG (max abs err {row.max_abs:.1e})"
+
+
+def compare(name: str, mine: np.ndarray, reference: np.ndarray | None = None,
+            numeric: np.ndarray | None = None, *, entries: np.ndarray | None = None,
+            tol: float = 1e-6, atol: float = 1e-10, strict: bool = True,
+            label: str = "library") -> None:
+    """Check a gradient of your own against the library's and against finite differences.
+
+    Prints one line, ``name``, then a verdict against each of ``reference`` and ``numeric``
+    that is given: ``exact``, ``close (max rel err ...)`` or ``WRONG (max abs err ...)``
+    (see :func:`verdict`). In the spirit of the ``cmp`` of Karpathy's "backprop ninja"
+    exercise, and meant to follow each line a reader derives by hand.
+
+    Parameters
+    ----------
+    name : str
+        What ``mine`` is, e.g. ``"dv"``.
+    mine : ndarray
+        Your array.
+    reference : ndarray, optional
+        The library's array (from its backward), same shape as ``mine``.
+    numeric : ndarray, optional
+        Central differences (:func:`numeric_grad`), same shape as ``mine``; or, with
+        ``entries``, the derivatives at those flat entries of ``mine`` only.
+    entries : ndarray of int, optional
+        Flat indices of ``mine`` that ``numeric`` holds.
+    tol, atol : float
+        Relative and absolute tolerance of a ``close`` verdict. Finite differences in
+        float64 reach about 1e-8 relative; a wrong derivation is off by order 1.
+    strict : bool, default True
+        Raise :class:`WrongGradientError` after printing when a verdict is ``WRONG``, so that
+        a notebook run top to bottom (in CI) stops there.
+    label : str, default "library"
+        What ``reference`` is, printed before its verdict.
+
+    Raises
+    ------
+    ValueError
+        If ``mine`` is still ``...`` (an exercise not filled in yet), or neither
+        ``reference`` nor ``numeric`` is given.
+    WrongGradientError
+        If ``strict`` and a verdict is ``WRONG``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = np.array([1.0, 2.0, 3.0])
+    >>> compare("d(x^2)", 2 * x, reference=2 * x, numeric=2 * x + 1e-10)  # doctest: +ELLIPSIS
+    d(x^2)          library exact                        finite differences close (max rel...
+    """
+    if mine is Ellipsis:
+        raise ValueError(f"{name} is still ...: write your line in its exercise cell, then run "
+                         f"that cell and this one again")
+    if reference is None and numeric is None:
+        raise ValueError(f"compare({name!r}, ...) needs a reference, numeric values, or both")
+    mine = np.asarray(mine)
+    parts = []
+    if reference is not None:
+        parts.append(f"{label} {verdict(mine, reference, tol, atol):<28}")
+    if numeric is not None:
+        sample = mine if entries is None else mine.reshape(-1)[np.asarray(entries)]
+        parts.append(f"finite differences {verdict(sample, numeric, tol, atol)}")
+    line = (f"{name:<15} " + " ".join(parts)).rstrip()
+    print(line)
+    if strict and "WRONG" in line:
+        raise WrongGradientError(line)

@@ -49,12 +49,25 @@ def loss_plot(records: list[dict], path: Path) -> None:
     _save(fig, path)
 
 
-def tensor_stats_plot(stats: list[dict], path: Path) -> None:
+def tensor_stats_figure(stats: list[dict]):
     """Per-tensor gradient norm and update-to-weight ratio over training, one line a tensor.
 
-    ``stats`` is :attr:`numpy_transformer.train.Trainer.tensor_stats`: every ``stats_every``
-    steps, ``{"step": s, name: {"grad_norm": ..., "update_ratio": ...}, ...}``. The right
-    panel is the classic health check of a run: ``||dW|| / ||W||`` around 1e-3 per step.
+    Parameters
+    ----------
+    stats : list of dict
+        :attr:`numpy_transformer.train.Trainer.tensor_stats`: every ``stats_every`` steps,
+        ``{"step": s, name: {"grad_norm": ..., "update_ratio": ...}, ...}``.
+
+    Returns
+    -------
+    fig : matplotlib.figure.Figure
+        Two panels; the right one is the classic health check of a run, ``||dW|| / ||W||``
+        around 1e-3 per step. A notebook shows it with ``display(fig)``.
+
+    Raises
+    ------
+    ValueError
+        If ``stats`` is empty (the trainer was built without ``stats_every``).
     """
     from matplotlib.figure import Figure
 
@@ -76,7 +89,12 @@ def tensor_stats_plot(stats: list[dict], path: Path) -> None:
     if len(names) <= 12:
         axes[0].legend(fontsize=6)
     fig.tight_layout()
-    _save(fig, path)
+    return fig
+
+
+def tensor_stats_plot(stats: list[dict], path: Path) -> None:
+    """Save :func:`tensor_stats_figure` of ``stats`` as a PNG at ``path``."""
+    _save(tensor_stats_figure(stats), path)
 
 
 def _snippet(run):

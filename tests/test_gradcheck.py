@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 
 from numpy_transformer import functional as F
-from numpy_transformer.gradcheck import check_op, numeric_grad
+from numpy_transformer.gradcheck import (
+    WrongGradientError,
+    check_op,
+    compare,
+    numeric_grad,
+    verdict,
+)
 
 
 def test_numeric_grad_of_a_known_function():
@@ -55,3 +61,74 @@ def test_report_table_names_every_tensor():
                        "b": rng.normal(size=2)}, title="linear")
     text = str(report)
     assert "linear" in text and all(f"\n  {n} " in text for n in "xwb")
+
+
+def test_numeric_grad_at_chosen_entries():
+    x = np.random.default_rng(4).normal(size=(3, 4))
+    entries = np.array([0, 5, 11])
+    g = numeric_grad(lambda: float((np.sin(x) * x).sum()), x, entries=entries)
+    full = np.sin(x) + x * np.cos(x)
+    assert g.shape == (3,)
+    np.testing.assert_allclose(g, full.reshape(-1)[entries], rtol=1e-7, atol=1e-8)
+
+
+def softmax_case():
+    """A softmax, a random upstream gradient, the library's dx and its finite differences."""
+    rng = np.random.default_rng(5)
+    x, dy = rng.normal(size=(2, 6)), rng.normal(size=(2, 6))
+    y, cache = F.softmax_forward(x)
+    dx = F.softmax_backward(dy, cache)
+    numeric = numeric_grad(lambda: float((F.softmax_forward(x)[0] * dy).sum()), x)
+    return x, y, dy, dx, numeric
+
+
+def test_compare_says_exact_and_close_for_a_right_gradient(capsys):
+    _, y, dy, dx, numeric = softmax_case()
+    mine = y * (dy - (dy * y).sum(-1, keepdims=True))  # the closed form, written by hand
+    compare("dx", mine, dx, numeric)
+    line = capsys.readouterr().out
+    assert line.startswith("dx ") and line.count("\n") == 1
+    assert "library exact" in line and "finite differences close (max rel err" in line
+    jacobian = np.einsum("ni,ij->nij", y, np.eye(6)) - y[:, :, None] * y[:, None, :]
+    compare("dx", np.einsum("nij,ni->nj", jacobian, dy), dx, numeric)
+    line = capsys.readouterr().out
+    assert "library close" in line and "WRONG" not in line
+
+
+def test_compare_catches_a_wrong_gradient_and_raises_after_printing(capsys):
+    """Negative control: softmax's backward without the normalisation term is WRONG."""
+    _, y, dy, dx, numeric = softmax_case()
+    with pytest.raises(WrongGradientError, match="WRONG"):
+        compare("dx", y * dy, dx, numeric)
+    assert capsys.readouterr().out.count("WRONG (max abs err") == 2  # printed before raising
+    compare("dx", y * dy, numeric=numeric, strict=False)  # only reported
+    line = capsys.readouterr().out
+    assert "finite differences WRONG" in line and "library" not in line
+
+
+def test_compare_checks_a_sample_of_entries(capsys):
+    x, y, dy, dx, numeric = softmax_case()
+    entries = np.array([1, 7])
+    sample = numeric_grad(lambda: float((F.softmax_forward(x)[0] * dy).sum()), x,
+                          entries=entries)
+    compare("dx", dx, numeric=sample, entries=entries)
+    assert "finite differences close" in capsys.readouterr().out
+    with pytest.raises(WrongGradientError):
+        compare("dx", dx, numeric=-sample, entries=entries)
+
+
+def test_verdicts():
+    a = np.array([1.0, -2.0, 3.0])
+    assert verdict(a, a.copy()) == "exact"
+    assert verdict(a, a + 1e-12).startswith("close (max rel err")
+    assert verdict(np.zeros(3), np.full(3, 1e-13)).startswith("close (max abs err")
+    assert verdict(a, a + 0.1) == "WRONG (max abs err 1.0e-01)"
+    assert verdict(a, a[None]) == "WRONG (shape (3,), expected (1, 3))"
+    assert verdict(a * np.nan, a) == "WRONG (not finite)"
+
+
+def test_compare_refuses_an_unfilled_exercise_and_a_missing_reference():
+    with pytest.raises(ValueError, match="dv is still"):
+        compare("dv", ..., np.zeros(2))
+    with pytest.raises(ValueError, match="needs a reference"):
+        compare("dv", np.zeros(2))

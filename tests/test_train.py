@@ -122,7 +122,7 @@ def test_named_access_to_activations_and_gradients_after_a_step():
 
 
 def test_tensor_stats_plot(tmp_path):
-    from numpy_transformer.plots import tensor_stats_plot
+    from numpy_transformer.plots import tensor_stats_figure, tensor_stats_plot
 
     ids = corpus()
     schedule = window_schedule(len(ids), 10, 4, 4, np.random.default_rng(2))
@@ -130,6 +130,9 @@ def test_tensor_stats_plot(tmp_path):
     trainer.fit(lm_batches(ids, schedule, 10), total=4, progress=False)
     tensor_stats_plot(trainer.tensor_stats, tmp_path / "stats.png")
     assert (tmp_path / "stats.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig = tensor_stats_figure(trainer.tensor_stats)  # what a notebook displays
+    tensors = len(list(trainer.model.named_parameters()))
+    assert len(fig.axes) == 2 and len(fig.axes[0].lines) == tensors  # one line a tensor
     with pytest.raises(ValueError, match="stats_every"):
         tensor_stats_plot([], tmp_path / "empty.png")
 
