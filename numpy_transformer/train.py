@@ -161,8 +161,8 @@ def _weights_report(params: dict[str, np.ndarray]) -> str:
         return f"weight {bad} holds NaN or infinity"
     peaks = {n: float(np.abs(p).max()) for n, p in params.items() if p.size}
     name = max(peaks, key=peaks.get)
-    return (f"every weight is finite, the largest is in {name} (|w| = {peaks[name]:.3g}): "
-            f"too large a learning rate?")
+    return (f"every weight is finite, but {name} reaches |w| = {peaks[name]:.3g} (a learning "
+            f"rate too large?)")
 
 
 def _tensor_stats(step: int, params: dict, grads: dict, before: dict) -> dict:

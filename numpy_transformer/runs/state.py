@@ -245,6 +245,25 @@ def run_from_description(config: dict, options: dict, source: str | Path) -> Run
     CheckpointError
         Naming ``source`` and what does not fit.
     """
+    run = _rebuild(config, options, source)
+    _check_same_config(run, config, source)
+    return run
+
+
+def run_from_checkpoint(ckpt, path: Path) -> Run:
+    """Rebuild the :class:`Run` a checkpoint was written by and load the checkpoint into it."""
+    run = _rebuild(ckpt.config, ckpt.options, path)
+    same_tokens = ckpt.tokenizer == (run.tokenizer.to_dict() if run.tokenizer else None)
+    if run.data_fingerprint != ckpt.meta.get("data_fingerprint") or not same_tokens:
+        what = ckpt.options["text"] or "the embedded corpus"
+        raise CheckpointError(f"{path}: the training data changed since the checkpoint was "
+                              f"written ({what}); cannot resume exactly")
+    _check_same_config(run, ckpt.config, path)
+    run.restore(ckpt, path)
+    return run
+
+
+def _rebuild(config: dict, options: dict, source: str | Path) -> Run:
     if not isinstance(config, dict) or not isinstance(options, dict) \
             or set(MODEL_KEYS) - set(config) or set(TRAIN_KEYS) | {"task"} != set(options):
         raise CheckpointError(f"{source}: config or options are incomplete or from another "
@@ -252,27 +271,17 @@ def run_from_description(config: dict, options: dict, source: str | Path) -> Run
     fields = {k: config[k] for k in MODEL_KEYS}
     try:
         check_stored_options(fields, options)
-        run = Run(fields, dict(options))
+        return Run(fields, dict(options))
     except (ValueError, TypeError, KeyError) as e:  # e.g. the --text file is gone
         raise CheckpointError(f"{source}: cannot rebuild the run: {e}") from None
+
+
+def _check_same_config(run: Run, config: dict, source: str | Path) -> None:
     built = dataclasses.asdict(run.config)
     if built != config:
         diff = sorted(k for k in set(built) | set(config) if built.get(k) != config.get(k))
         raise CheckpointError(f"{source}: the config does not match the model it describes "
                               f"(differs in {diff})")
-    return run
-
-
-def run_from_checkpoint(ckpt, path: Path) -> Run:
-    """Rebuild the :class:`Run` a checkpoint was written by and load the checkpoint into it."""
-    run = run_from_description(ckpt.config, ckpt.options, path)
-    same_tokens = ckpt.tokenizer == (run.tokenizer.to_dict() if run.tokenizer else None)
-    if run.data_fingerprint != ckpt.meta.get("data_fingerprint") or not same_tokens:
-        what = ckpt.options["text"] or "the embedded corpus"
-        raise CheckpointError(f"{path}: the training data changed since the checkpoint was "
-                              f"written ({what}); cannot resume exactly")
-    run.restore(ckpt, path)
-    return run
 
 
 def model_from_checkpoint(path: Path):
