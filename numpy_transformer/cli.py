@@ -9,13 +9,24 @@ sample. ``python -m numpy_transformer`` is the same command.
 Exit codes
 ----------
 0    success (also: ``--resume`` of a run that already finished)
-1    training diverged: a non-finite loss or gradient (the step and tensor are named; the last
-     good checkpoint is left untouched); ``gradcheck``: a check failed; ``bench``: a benchmark
-     failed or none was found
-2    bad input: an option, a file, a run folder, a checkpoint. One line on stderr, no traceback,
-     nothing overwritten (unless ``--force``)
+1    training diverged: a non-finite loss or gradient, or weights too large to compute with
+     (the step and tensor are named; the last good checkpoint, always finite, is left
+     untouched); ``gradcheck``: a check failed; ``bench``: a benchmark failed or none was found
+2    bad input: an option, a file (a folder, FIFO or device where a file belongs is named for
+     what it is), a run folder (also: one another process is training in), a checkpoint
+     (truncated, tampered, non-finite), or sizes that cannot fit in memory. One line on
+     stderr, no traceback, nothing overwritten (unless ``--force``)
+74   a file could not be read or written (sysexits' EX_IOERR): permission denied, a read-only
+     folder, a full disk, a file-size limit. The previous checkpoint is left intact
 130  training stopped by SIGINT (Ctrl-C), 143 by SIGTERM: a checkpoint was written first;
      ``numpy-transformer train --resume RUN_DIR`` continues exactly where it stopped
+
+Limits
+------
+Before anything is allocated, the memory a run needs (weights, gradients, Adam's moments, a
+step's activations, the window schedule: ``numpy_transformer/memory.py``) is compared with the
+memory available; a run that cannot fit is refused naming the option. ``sample --length`` is
+at most 1,000,000. A run folder is held by one process at a time (its ``.lock`` file).
 """
 
 from __future__ import annotations
@@ -145,9 +156,18 @@ examples:
     "Defaults in brackets are the language model's; the synthetic tasks default to width "
     f"{TASK['width']}, FFN {TASK['ffn_width']}, context {TASK['max_len']} ({REVERSE_LENGTH} "
     f"for reverse), {TASK['steps']} steps, lr {TASK['lr']}. Ctrl-C (SIGINT) or SIGTERM writes "
-    "a checkpoint and exits with 130 / 143; --resume continues exactly. Exit code 1 means the "
-    "loss or a gradient went non-finite (the last good checkpoint is kept); 2 means bad input.",
-    width=90) + "\n"
+    "a checkpoint and exits with 130 / 143; --resume continues exactly. Sizes that cannot fit "
+    "in the memory available are refused before anything is allocated.", width=90) + """
+
+exit codes:
+  0    finished (or --resume of a finished run)
+  1    diverged: a non-finite loss, gradient or held-out loss; the last good checkpoint is kept
+  2    bad input: an option, a file, a run folder (or one in use), a checkpoint, a size that
+       cannot fit in memory
+  74   a file could not be read or written (permission, read-only, disk full, size limit);
+       the previous checkpoint is left intact
+  130  stopped by Ctrl-C (SIGINT), 143 by SIGTERM, after writing a checkpoint
+"""
 
 
 def build_parser() -> Parser:
@@ -155,7 +175,9 @@ def build_parser() -> Parser:
                     "train one, sample from it, check its gradients, time it.",
                     epilog="example: numpy-transformer train   (then: numpy-transformer "
                     "sample runs/char-lm --prompt 'def ')\n\nRun '%(prog)s COMMAND --help' "
-                    "for each command's options.",
+                    "for each command's options.\n\nexit codes: 0 success, 1 training diverged, 2 bad "
+                    "input (one line on stderr),\n74 a file could not be read or written, 130 / "
+                    "143 stopped by SIGINT / SIGTERM.",
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)

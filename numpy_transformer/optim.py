@@ -67,7 +67,8 @@ def global_norm(grads: Mapping[str, np.ndarray]) -> float:
     for name, g in grads.items():
         check_float(f"grads[{name!r}]", g)
         flat = g.reshape(-1)  # a view for contiguous arrays (a copy otherwise, read only)
-        sum_sq += float(np.dot(flat, flat))  # BLAS dot: no temporary array
+        with np.errstate(over="ignore"):  # an overflow is handled below
+            sum_sq += float(np.dot(flat, flat))  # BLAS dot: no temporary array
     norm = math.sqrt(sum_sq)
     if norm != math.inf:  # finite, or NaN (a NaN gradient: no scaling can help)
         return norm

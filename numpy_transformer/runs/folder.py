@@ -259,7 +259,10 @@ class FolderLock:
     def release(self) -> None:
         """Give the folder up: remove the lock file, then drop the flock."""
         if self.fd is not None:
-            self.path.unlink(missing_ok=True)
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError:  # the folder became read-only: the lock goes stale as we exit
+                pass
             os.close(self.fd)
             self.fd = None
 
