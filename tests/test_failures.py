@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -23,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _run_helpers import small_text
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from numpy_transformer.checkpoint import load_checkpoint
 from numpy_transformer.config import TransformerConfig
@@ -425,3 +428,61 @@ def test_absurd_option_types_in_a_checkpoint(tiny, tmp_path):
     rewrite(path, path, {"options": np.array(json.dumps({**options, "clip": "lots"}))})
     code, _, err = cli("train", "--resume", run_dir)
     refused(code, err, 2, "--clip 'lots'")
+
+
+# ------------------------------------------------------------------- every numeric option
+
+INVALID = st.sampled_from(["-1", "-1e-3", "0", "nan", "-nan", "inf", "-inf", "fast", "1e", "",
+                           "0x10", "1_000"])
+SMALL_INT = st.integers(1, 4).map(str)
+HUGE_INT = st.integers(10 ** 12, 10 ** 40).map(str)
+ANY_FLOAT = st.floats(allow_nan=True, allow_infinity=True).map(repr)
+# Integer options get small values (a run that trains stays tiny), huge ones (refused: they
+# cannot fit, or the text is too short for them) or junk; the rest may take any value.
+TRAIN_INTS = ("--width", "--heads", "--layers", "--ffn-width", "--context", "--batch",
+              "--steps")
+TRAIN_ANY = {"--seed": st.integers(0, 10 ** 30).map(str),
+             "--warmup": st.integers(0, 10 ** 30).map(str),
+             "--eval-every": st.integers(0, 10 ** 30).map(str),
+             "--save-every": st.integers(0, 10 ** 30).map(str),
+             "--lr": ANY_FLOAT, "--weight-decay": ANY_FLOAT, "--clip": ANY_FLOAT,
+             "--dropout": ANY_FLOAT}
+SAMPLE_OPTIONS = {"--length": st.one_of(SMALL_INT, HUGE_INT), "--temperature": ANY_FLOAT,
+                  "--top-k": st.one_of(SMALL_INT, HUGE_INT), "--top-p": ANY_FLOAT,
+                  "--seed": st.integers(0, 10 ** 30).map(str)}
+PROPERTY = settings(max_examples=15, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+LIMIT = 60  # seconds: a refusal comes long before; a tiny run of two steps well within
+
+
+def _option_and_value(options: dict):
+    return st.sampled_from(sorted(options)).flatmap(
+        lambda name: st.tuples(st.just(name), st.one_of(options[name], INVALID)))
+
+
+def _no_traceback(code: int, err: str) -> None:
+    assert "Traceback" not in err, err
+    if code:
+        line = one_line(err)
+        assert code == 2 or (code == 1 and "diverged" in line), (code, line)
+
+
+@PROPERTY
+@given(_option_and_value({**{name: st.one_of(SMALL_INT, HUGE_INT) for name in TRAIN_INTS},
+                          **TRAIN_ANY}))
+def test_every_numeric_train_option_is_refused_or_works(tiny, option):
+    name, value = option
+    args = [a for a in TINY if a != "--quiet"] + ["--quiet", "--steps", "2"]
+    with tempfile.TemporaryDirectory() as out:
+        code, _, err = cli("train", *args, "--text", tiny[1], name, value, "--out",
+                           Path(out) / "run", timeout=LIMIT)
+    assert code in (0, 1, 2), (code, err)
+    _no_traceback(code, err)
+
+
+@PROPERTY
+@given(_option_and_value(SAMPLE_OPTIONS))
+def test_every_numeric_sample_option_is_refused_or_works(tiny, option):
+    code, _, err = cli("sample", tiny[0], *option, timeout=LIMIT)
+    assert code in (0, 2), (code, err)
+    _no_traceback(code, err)
