@@ -175,9 +175,9 @@ def build_parser() -> Parser:
                     "train one, sample from it, check its gradients, time it.",
                     epilog="example: numpy-transformer train   (then: numpy-transformer "
                     "sample runs/char-lm --prompt 'def ')\n\nRun '%(prog)s COMMAND --help' "
-                    "for each command's options.\n\nexit codes: 0 success, 1 training diverged, 2 bad "
-                    "input (one line on stderr),\n74 a file could not be read or written, 130 / "
-                    "143 stopped by SIGINT / SIGTERM.",
+                    "for each command's options.\n\nexit codes: 0 success, 1 training "
+                    "diverged, 2 bad input (one line on stderr),\n74 a file could not be read "
+                    "or written, 130 / 143 stopped by SIGINT / SIGTERM.",
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
