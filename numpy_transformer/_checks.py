@@ -8,6 +8,9 @@ trace three frames deep or, worse, get a silently wrong answer.
 from __future__ import annotations
 
 import math
+import os
+import stat
+from pathlib import Path
 
 import numpy as np
 
@@ -82,3 +85,26 @@ def check_number(name: str, value: object, low: float, high: float | None = None
         interval = f"{lo}{low}, {'inf)' if high is None else f'{high}{hi}'}"
         raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")
     return float(value)
+
+
+FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+              (stat.S_ISSOCK, "a socket"))
+
+
+def check_file(path: str | Path, what: str = "file") -> os.stat_result:
+    """Return the ``os.stat`` of ``path`` if it names a regular file, else raise ``ValueError``
+    saying what is there instead (``what``: how the message calls the file expected).
+
+    Only the metadata is read, so a named pipe or a device is refused without being opened
+    (opening a FIFO would block until someone writes into it). An ``OSError`` other than a
+    missing file (e.g. permission denied on a folder of the path) is raised as it is.
+    """
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise ValueError(f"{path}: no such {what}") from None
+    if stat.S_ISREG(info.st_mode):
+        return info
+    kind = next((name for test, name in FILE_KINDS if test(info.st_mode)), "not a regular file")
+    raise ValueError(f"{path} is {kind}, not a {what}")

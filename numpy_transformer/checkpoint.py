@@ -30,19 +30,26 @@ line naming the file and the problem.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from ._checks import check_file
+from .memory import check_fits, format_bytes
+from .train import NonFiniteError
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "Checkpoint", "save_checkpoint",
            "load_checkpoint", "atomic_write_bytes", "atomic_write_text", "dropout_layers",
            "rng_states", "set_rng_states"]
 
 FORMAT_VERSION = 1
+TMP_SUFFIX = ".tmp"  # of the temporary files of atomic writes
 JSON_KEYS = ("optimizer", "rng", "config", "options", "tokenizer", "meta")
 REQUIRED_KEYS = ("format_version", "step") + JSON_KEYS
 OPTIMIZER_KEYS = {"kind", "t", "lr", "beta1", "beta2", "eps", "weight_decay"}
@@ -146,10 +153,31 @@ def _umask() -> int:
     return mask
 
 
+def temporary_names(path: str | Path) -> str:
+    """The glob pattern of the temporary files :func:`_atomic_write` makes beside ``path``:
+    one a kill left behind can be removed once no process writes the folder."""
+    return f".{Path(path).name}.*{TMP_SUFFIX}"
+
+
+def _naming(path: Path, e: OSError) -> OSError:
+    """``e`` as the same kind of error about ``path``."""
+    return OSError(e.errno, e.strerror, str(path)) if e.errno else e
+
+
 def _atomic_write(path: Path, write) -> None:
-    """Call ``write(file)`` on a temporary file beside ``path``, then rename it over ``path``."""
+    """Call ``write(file)`` on a temporary file beside ``path``, then rename it over ``path``.
+
+    Raises
+    ------
+    OSError
+        If the folder cannot be written (read-only, disk full, a file-size limit); its
+        ``filename`` is ``path`` (not the temporary file's) and ``path`` is left as it was.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    except OSError as e:
+        raise _naming(path, e) from None
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give it an ordinary file's mode
         with os.fdopen(fd, "wb") as f:
@@ -157,11 +185,13 @@ def _atomic_write(path: Path, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError):  # a write error has no file name; the temporary one is noise
+            raise _naming(path, e) from None
         raise
     _fsync_dir(path.parent)
 
@@ -179,6 +209,12 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 # --------------------------------------------------------------------------------------------
 # Saving
 # --------------------------------------------------------------------------------------------
+
+def first_non_finite(arrays: dict[str, np.ndarray]) -> str | None:
+    """The name of the first float array of ``arrays`` holding a NaN or an infinity, or None."""
+    return next((name for name, a in arrays.items()
+                 if a.dtype.kind == "f" and not np.isfinite(a).all()), None)
+
 
 def _json_array(value) -> np.ndarray:
     return np.array(json.dumps(value, sort_keys=True))  # 0-d '<U...' array, no pickle
@@ -204,6 +240,14 @@ def save_checkpoint(path: str | Path, *, step: int, model, optimizer, rng: dict[
         JSON-able dicts.
     tokenizer : dict or None
         ``CharTokenizer.to_dict()``.
+
+    Raises
+    ------
+    NonFiniteError
+        If a parameter or a moment holds a NaN or an infinity: such a checkpoint is never
+        written (the file at ``path``, if any, is left as it was).
+    OSError
+        If the file cannot be written (``path`` is left as it was).
     """
     arrays: dict[str, np.ndarray] = {"format_version": np.array(FORMAT_VERSION),
                                      "step": np.array(int(step))}
@@ -214,6 +258,9 @@ def save_checkpoint(path: str | Path, *, step: int, model, optimizer, rng: dict[
         arrays["adam_m." + name] = a
     for name, a in state["v"].items():
         arrays["adam_v." + name] = a
+    bad = first_non_finite(arrays)
+    if bad is not None:
+        raise NonFiniteError(f"step {step}: {bad} holds NaN or infinity; not saved to {path}")
     scalars = {k: state[k] for k in ("t", "lr", "beta1", "beta2", "eps", "weight_decay")}
     scalars["kind"] = type(optimizer).__name__
     for key, value in (("optimizer", scalars), ("rng", rng), ("config", config),
@@ -230,10 +277,18 @@ def _decode_json(path: Path, key: str, a: np.ndarray):
     if a.shape != () or a.dtype.kind != "U":
         raise CheckpointError(f"{path}: entry {key!r} should be a JSON string, got "
                               f"{a.dtype} {a.shape}")
+    return decode_json(a.item(), f"{path}: entry {key!r}")
+
+
+def decode_json(text: str, source: str):
+    """``json.loads(text)``; anything it cannot decode (invalid, nested 100,000 deep, an
+    integer of 5,000 digits) raises :class:`CheckpointError` naming ``source``."""
     try:
-        return json.loads(a.item())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: entry {key!r} is not valid JSON ({e})") from None
+        return json.loads(text)
+    except ValueError as e:  # json.JSONDecodeError is one
+        raise CheckpointError(f"{source} is not valid JSON ({e})") from None
+    except RecursionError:
+        raise CheckpointError(f"{source} is JSON nested too deeply to read") from None
 
 
 def _scalar_int(path: Path, key: str, a: np.ndarray) -> int:
@@ -241,6 +296,45 @@ def _scalar_int(path: Path, key: str, a: np.ndarray) -> int:
         raise CheckpointError(f"{path}: entry {key!r} should be an integer scalar, got "
                               f"{a.dtype} {a.shape}")
     return int(a)
+
+
+def _check_members(path: Path, archive: zipfile.ZipFile) -> None:
+    """Read only the headers: every member must be an ``.npy`` array of numbers or text whose
+    header fits the bytes it holds, and all of them together must fit in memory; a header
+    claiming 10^12 floats is refused before anything is allocated."""
+    names = [info.filename for info in archive.infolist()]
+    if "format_version.npy" not in names:
+        raise CheckpointError(f"{path}: not a numpy_transformer checkpoint (no "
+                              f"'format_version' entry)")
+    total = 0
+    for info in archive.infolist():
+        if not info.filename.endswith(".npy"):
+            raise CheckpointError(f"{path}: member {info.filename!r} is not an .npy array")
+        key = info.filename[:-len(".npy")]
+        with archive.open(info) as f:
+            try:
+                version = np.lib.format.read_magic(f)
+                read = {(1, 0): np.lib.format.read_array_header_1_0,
+                        (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                if read is None:
+                    raise ValueError(f"npy format version {version}")
+                shape, _, dtype = read(f)
+            except ValueError as e:
+                raise CheckpointError(f"{path}: entry {key!r} has no valid .npy header "
+                                      f"({e})") from None
+        if dtype.kind not in "fiuU":
+            raise CheckpointError(f"{path}: entry {key!r} holds {dtype} values; a checkpoint "
+                                  f"holds numbers and text only")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > info.file_size:
+            raise CheckpointError(f"{path}: entry {key!r} claims shape {shape} "
+                                  f"({format_bytes(nbytes)}) but holds {info.file_size} bytes")
+        total += nbytes
+    try:
+        check_fits(lambda s: {"arrays": s["bytes"]}, {"bytes": total},
+                   label=lambda _, n: f"{path} ({format_bytes(n)} of arrays)")
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
@@ -257,17 +351,18 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         an ``.npz`` of someone else, another format version, a missing or malformed entry.
     """
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        check_file(path, "checkpoint file")
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     if not zipfile.is_zipfile(path):
         raise CheckpointError(f"{path}: not a checkpoint (not an .npz archive, or truncated)")
     try:
+        with zipfile.ZipFile(path) as archive:
+            _check_members(path, archive)
         with np.load(path, allow_pickle=False) as npz:
             names = list(npz.files)
             missing = [k for k in REQUIRED_KEYS if k not in names]
-            if "format_version" in missing:
-                raise CheckpointError(f"{path}: not a numpy_transformer checkpoint (no "
-                                      f"'format_version' entry)")
             version = _scalar_int(path, "format_version", npz["format_version"])
             if version != FORMAT_VERSION:
                 raise CheckpointError(f"{path}: checkpoint format version {version}, this "
@@ -278,7 +373,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             arrays = {k: npz[k] for k in names}
     except CheckpointError:
         raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    except (ValueError, EOFError, zipfile.BadZipFile, zlib.error, RuntimeError,
+            NotImplementedError) as e:  # RuntimeError: encrypted; NotImplementedError: packed
         # A truncated member, a pickled (object) array refused by allow_pickle=False, ...
         raise CheckpointError(f"{path}: unreadable checkpoint ({type(e).__name__}: {e})") \
             from None
@@ -316,6 +412,19 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if (decoded["optimizer"]["t"] == 0) != (not m):
         raise CheckpointError(f"{path}: optimizer step t={decoded['optimizer']['t']} but "
                               f"{len(m)} moment arrays")
+    bad = first_non_finite({k: a for k, a in arrays.items() if k not in REQUIRED_KEYS})
+    if bad is not None:
+        raise CheckpointError(f"{path}: {bad} holds NaN or infinity (did its run diverge?); "
+                              f"such weights cannot be sampled from or trained on")
+    negative = next((name for name, a in v.items() if (a < 0).any()), None)
+    if negative is not None:
+        raise CheckpointError(f"{path}: adam_v.{negative} holds negative second moments")
+    tokenizer, vocab = decoded["tokenizer"], decoded["config"].get("vocab")
+    if tokenizer is not None and not (isinstance(tokenizer, dict)
+                                      and isinstance(tokenizer.get("chars"), str)
+                                      and len(tokenizer["chars"]) == vocab):
+        raise CheckpointError(f"{path}: the tokenizer does not match the embedding table of "
+                              f"{vocab!r} tokens in the config")
     return Checkpoint(step=step, params=params, optimizer=decoded["optimizer"], adam_m=m,
                       adam_v=v, rng=decoded["rng"], config=decoded["config"],
                       options=decoded["options"], tokenizer=decoded["tokenizer"],

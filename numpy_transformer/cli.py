@@ -9,13 +9,24 @@ sample. ``python -m numpy_transformer`` is the same command.
 Exit codes
 ----------
 0    success (also: ``--resume`` of a run that already finished)
-1    training diverged: a non-finite loss or gradient (the step and tensor are named; the last
-     good checkpoint is left untouched); ``gradcheck``: a check failed; ``bench``: a benchmark
-     failed or none was found
-2    bad input: an option, a file, a run folder, a checkpoint. One line on stderr, no traceback,
-     nothing overwritten (unless ``--force``)
+1    training diverged: a non-finite loss or gradient, or weights too large to compute with
+     (the step and tensor are named; the last good checkpoint, always finite, is left
+     untouched); ``gradcheck``: a check failed; ``bench``: a benchmark failed or none was found
+2    bad input: an option, a file (a folder, FIFO or device where a file belongs is named for
+     what it is), a run folder (also: one another process is training in), a checkpoint
+     (truncated, tampered, non-finite), or sizes that cannot fit in memory. One line on
+     stderr, no traceback, nothing overwritten (unless ``--force``)
+74   a file could not be read or written (sysexits' EX_IOERR): permission denied, a read-only
+     folder, a full disk, a file-size limit. The previous checkpoint is left intact
 130  training stopped by SIGINT (Ctrl-C), 143 by SIGTERM: a checkpoint was written first;
      ``numpy-transformer train --resume RUN_DIR`` continues exactly where it stopped
+
+Limits
+------
+Before anything is allocated, the memory a run needs (weights, gradients, Adam's moments, a
+step's activations, the window schedule: ``numpy_transformer/memory.py``) is compared with the
+memory available; a run that cannot fit is refused naming the option. ``sample --length`` is
+at most 1,000,000. A run folder is held by one process at a time (its ``.lock`` file).
 """
 
 from __future__ import annotations
@@ -35,12 +46,18 @@ from .runs.options import (
     COPY_SHIFT,
     DEFAULT_TASK,
     EXIT_DIVERGED,
+    EXIT_IO,
     EXIT_OK,
     EXIT_ON_SIGNAL,
     EXIT_USAGE,
+    LENGTH,
+    MAX_SAMPLE_LENGTH,
     MODEL_DEFAULTS,
+    NONNEG_INT,
     OPTIMIZERS,
     OPTION_KEYS,
+    POSITIVE,
+    POSITIVE_INT,
     REVERSE_LENGTH,
     RUN_FILES,
     SAMPLE,
@@ -48,10 +65,16 @@ from .runs.options import (
     SAMPLE_PROMPT,
     SAMPLE_TEMPERATURE,
     SCHEDULES,
+    SHARE,
     TASKS,
     TRAIN_DEFAULTS,
+    TRAIN_NUMBERS,
+    Rule,
     UsageError,
     default_run_folder,
+    describe_os_error,
+    flag,
+    parse_number,
     resolve_options,
 )
 from .threads import set_blas_threads
@@ -88,38 +111,20 @@ class Parser(argparse.ArgumentParser):
 # Value types: each names what it expected
 # --------------------------------------------------------------------------------------------
 
-def _number(kind, text: str, ok, expected: str):
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-    if not ok(value) or value != value:  # NaN fails every comparison but the last
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-    return value
+def number(rule: Rule):
+    """The argparse type of a numeric option: :func:`~.runs.options.parse_number` of ``rule``."""
+    def parse(text: str) -> float:
+        try:
+            return parse_number(rule, text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
 
 
-def positive_int(text: str) -> int:
-    return _number(int, text, lambda v: v > 0, "a positive integer")
-
-
-def nonneg_int(text: str) -> int:
-    return _number(int, text, lambda v: v >= 0, "an integer >= 0")
-
-
-def positive_float(text: str) -> float:
-    return _number(float, text, lambda v: 0 < v < float("inf"), "a positive number")
-
-
-def nonneg_float(text: str) -> float:
-    return _number(float, text, lambda v: 0 <= v < float("inf"), "a number >= 0")
-
-
-def dropout_rate(text: str) -> float:
-    return _number(float, text, lambda v: 0 <= v < 1, "a probability in [0, 1)")
-
-
-def top_p_value(text: str) -> float:
-    return _number(float, text, lambda v: 0 < v <= 1, "a probability in (0, 1]")
+def option(key: str):
+    """The argparse type of the train option ``key``, from its rule in ``TRAIN_NUMBERS``."""
+    return number(TRAIN_NUMBERS[key])
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,9 +156,18 @@ examples:
     "Defaults in brackets are the language model's; the synthetic tasks default to width "
     f"{TASK['width']}, FFN {TASK['ffn_width']}, context {TASK['max_len']} ({REVERSE_LENGTH} "
     f"for reverse), {TASK['steps']} steps, lr {TASK['lr']}. Ctrl-C (SIGINT) or SIGTERM writes "
-    "a checkpoint and exits with 130 / 143; --resume continues exactly. Exit code 1 means the "
-    "loss or a gradient went non-finite (the last good checkpoint is kept); 2 means bad input.",
-    width=90) + "\n"
+    "a checkpoint and exits with 130 / 143; --resume continues exactly. Sizes that cannot fit "
+    "in the memory available are refused before anything is allocated.", width=90) + """
+
+exit codes:
+  0    finished (or --resume of a finished run)
+  1    diverged: a non-finite loss, gradient or held-out loss; the last good checkpoint is kept
+  2    bad input: an option, a file, a run folder (or one in use), a checkpoint, a size that
+       cannot fit in memory
+  74   a file could not be read or written (permission, read-only, disk full, size limit);
+       the previous checkpoint is left intact
+  130  stopped by Ctrl-C (SIGINT), 143 by SIGTERM, after writing a checkpoint
+"""
 
 
 def build_parser() -> Parser:
@@ -161,7 +175,9 @@ def build_parser() -> Parser:
                     "train one, sample from it, check its gradients, time it.",
                     epilog="example: numpy-transformer train   (then: numpy-transformer "
                     "sample runs/char-lm --prompt 'def ')\n\nRun '%(prog)s COMMAND --help' "
-                    "for each command's options.",
+                    "for each command's options.\n\nexit codes: 0 success, 1 training "
+                    "diverged, 2 bad input (one line on stderr),\n74 a file could not be read "
+                    "or written, 130 / 143 stopped by SIGINT / SIGTERM.",
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -180,13 +196,13 @@ def build_parser() -> Parser:
     g.add_argument("--text", metavar="FILE", help="UTF-8 text to train the LM on "
                    "[the embedded corpus: this library's own source]")
     g = t.add_argument_group("model")
-    g.add_argument("--width", type=positive_int, help=f"residual width C {default('width')}")
-    g.add_argument("--heads", type=positive_int,
+    g.add_argument("--width", type=option("width"), help=f"residual width C {default('width')}")
+    g.add_argument("--heads", type=option("heads"),
                    help=f"attention heads, must divide width {default('heads')}")
-    g.add_argument("--layers", type=positive_int, help=f"blocks {default('layers')}")
-    g.add_argument("--ffn-width", type=positive_int,
+    g.add_argument("--layers", type=option("layers"), help=f"blocks {default('layers')}")
+    g.add_argument("--ffn-width", type=option("ffn_width"),
                    help=f"feed-forward hidden width {default('ffn_width')}")
-    g.add_argument("--context", type=positive_int, dest="max_len", metavar="T",
+    g.add_argument("--context", type=option("max_len"), dest="max_len", metavar="T",
                    help="window length T = max_len, the size of the position table "
                    f"{default('max_len')}")
     g.add_argument("--norm", choices=NORMS, help=default("norm"))
@@ -195,27 +211,27 @@ def build_parser() -> Parser:
     g.add_argument("--post-ln", dest="norm_first", action="store_const", const=False,
                    help="post-LN blocks as Vaswani et al. "
                    f"[{'pre-LN' if LM['norm_first'] else 'post-LN'}]")
-    g.add_argument("--dropout", type=dropout_rate, help=default("dropout"))
+    g.add_argument("--dropout", type=option("dropout"), help=default("dropout"))
     g.add_argument("--dtype", choices=DTYPES, help=default("dtype"))
     g.add_argument("--backend", choices=BACKENDS,
                    help="numpy: the readable NumPy references; numba: the fused kernels "
                         f"(attention, norms, activations, loss) {default('backend')}")
     g = t.add_argument_group("optimisation")
     g.add_argument("--optimizer", choices=OPTIMIZERS, help=default("optimizer"))
-    g.add_argument("--lr", type=positive_float, help=f"peak learning rate {default('lr')}")
-    g.add_argument("--weight-decay", type=nonneg_float, help=default("weight_decay"))
-    g.add_argument("--warmup", type=nonneg_int,
+    g.add_argument("--lr", type=option("lr"), help=f"peak learning rate {default('lr')}")
+    g.add_argument("--weight-decay", type=option("weight_decay"), help=default("weight_decay"))
+    g.add_argument("--warmup", type=option("warmup"),
                    help=f"linear warmup steps {default('warmup')}")
     g.add_argument("--schedule", choices=SCHEDULES, help=default("schedule"))
-    g.add_argument("--clip", type=nonneg_float,
+    g.add_argument("--clip", type=option("clip"),
                    help=f"global gradient-norm clip, 0 = off {default('clip')}")
-    g.add_argument("--batch", type=positive_int, help=f"windows per step {default('batch')}")
-    g.add_argument("--steps", type=positive_int, help=f"updates {default('steps')}")
-    g.add_argument("--seed", type=nonneg_int, help="fixes the weights, the data order and "
+    g.add_argument("--batch", type=option("batch"), help=f"windows per step {default('batch')}")
+    g.add_argument("--steps", type=option("steps"), help=f"updates {default('steps')}")
+    g.add_argument("--seed", type=option("seed"), help="fixes the weights, the data order and "
                    f"every dropout mask {default('seed')}")
-    g.add_argument("--eval-every", type=nonneg_int, help="held-out loss every N steps, "
+    g.add_argument("--eval-every", type=option("eval_every"), help="held-out loss every N steps, "
                    f"0 = only at the end {default('eval_every')}")
-    g.add_argument("--save-every", type=nonneg_int, help="checkpoint every N steps, "
+    g.add_argument("--save-every", type=option("save_every"), help="checkpoint every N steps, "
                    f"0 = only at the end {default('save_every')}")
     g = t.add_argument_group("run folder")
     g.add_argument("--out", metavar="RUN_DIR", help="where the run goes "
@@ -236,15 +252,15 @@ def build_parser() -> Parser:
                    help="a run folder or a checkpoint .npz [%(default)s]")
     s.add_argument("--prompt", help="text to continue; every character must be in the "
                    f"model's vocabulary [{SAMPLE_PROMPT!r}]")
-    s.add_argument("--length", type=positive_int, default=SAMPLE_LENGTH,
-                   help="characters to generate [%(default)s]")
-    s.add_argument("--temperature", type=positive_float, default=SAMPLE_TEMPERATURE,
+    s.add_argument("--length", type=number(LENGTH), default=SAMPLE_LENGTH,
+                   help=f"characters to generate, at most {MAX_SAMPLE_LENGTH:,} [%(default)s]")
+    s.add_argument("--temperature", type=number(POSITIVE), default=SAMPLE_TEMPERATURE,
                    help="divides the logits; < 1 is more conservative [%(default)s]")
-    s.add_argument("--top-k", type=positive_int, help="keep the k most likely tokens")
-    s.add_argument("--top-p", type=top_p_value, help="keep the smallest set of tokens with "
+    s.add_argument("--top-k", type=number(POSITIVE_INT), help="keep the k most likely tokens")
+    s.add_argument("--top-p", type=number(SHARE), help="keep the smallest set of tokens with "
                    "this much probability (nucleus sampling)")
     s.add_argument("--greedy", action="store_true", help="always take the most likely token")
-    s.add_argument("--seed", type=nonneg_int, default=0, help="sampling seed [%(default)s]")
+    s.add_argument("--seed", type=number(NONNEG_INT), default=0, help="sampling seed [%(default)s]")
 
     c = sub.add_parser("gradcheck", help="check every hand-written backward by finite "
                        "differences", description="Print the gradient-check tables: each "
@@ -254,7 +270,7 @@ def build_parser() -> Parser:
                        "numpy-transformer gradcheck --list\n  numpy-transformer gradcheck "
                        "NAME [NAME ...] --tol 1e-7", formatter_class=raw)
     c.add_argument("names", nargs="*", metavar="NAME", help="pieces to check [all]; see --list")
-    c.add_argument("--tol", type=positive_float, default=1e-6,
+    c.add_argument("--tol", type=number(POSITIVE), default=1e-6,
                    help="largest relative error accepted [%(default)g]")
     c.add_argument("--list", action="store_true", help="list the names and exit")
 
@@ -294,7 +310,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     reuse_freed_memory()  # no fresh pages for every step's buffers; see allocator.py
     given = {k: getattr(args, k) for k in OPTION_KEYS}
     if args.resume is not None:
-        extra = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
+        extra = [flag(k) for k, v in given.items() if v is not None]
         extra += [flag for flag, on in (("--task", args.task != DEFAULT_TASK),
                                         ("--out", args.out), ("--force", args.force)) if on]
         if extra:
@@ -391,6 +407,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
         return EXIT_ON_SIGNAL[signal.SIGINT]
+    except MemoryError:  # what the estimate before the start did not foresee
+        print(f"{PROG}: error: out of memory; lower --batch, --context or the model's sizes",
+              file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except OSError as e:  # reading or writing a file failed: permission, read-only, disk full
+        print(f"{PROG}: error: {describe_os_error(e)}", file=sys.stderr, flush=True)
+        return EXIT_IO
     except Exception as e:
         from .checkpoint import CheckpointError  # loads NumPy, so only once a command ran
 

@@ -53,10 +53,16 @@ class TransformerConfig:
     seed: int = 0  # one seed fixes every initial tensor and every dropout mask
 
     def validate(self) -> TransformerConfig:
-        """Raise ``ValueError`` naming the first bad value; returns ``self`` when all is well."""
+        """Raise ``ValueError`` naming the first bad value; returns ``self`` when all is well.
+
+        Sizes whose weights cannot fit in the memory available are bad values too
+        (``numpy_transformer.memory``): ``max_len=10**12`` is refused here, not while its
+        tables are being filled.
+        """
         # imported here, not above: the command line reads the names of this module before
         # it imports NumPy (its --help answers without it), and _checks needs NumPy
         from ._checks import check_choice, check_even, check_positive
+        from .memory import check_config_fits
 
         for name in ("vocab", "width", "heads", "layers", "ffn_width", "max_len"):
             check_positive(name, getattr(self, name), integer=True)
@@ -80,4 +86,5 @@ class TransformerConfig:
             raise ValueError(f"bias must be True or False, got {self.bias!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        check_config_fits(self)  # a size that cannot fit is refused before anything is made
         return self

@@ -17,13 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ._checks import check_ids
+from ._checks import check_file, check_ids
 from .functional.softmax import cross_entropy_forward
+from .memory import SCHEDULE_ITEM, check_fits, format_bytes
 
 __all__ = ["CharTokenizer", "load_text", "train_val_split", "window_schedule", "get_batch",
            "fingerprint", "fixed_window_windows", "fixed_window_loss"]
 
 UNKNOWN_POLICIES = ("error", "skip", "replace")
+TEXT_BYTES = 14  # per byte of a text file: the bytes, the str (>= 1), code points (4), ids (8)
 
 
 def _check_positive_int(name: str, value: object) -> int:
@@ -177,12 +179,16 @@ def load_text(path: str | Path) -> str:
     Raises
     ------
     ValueError
-        If the file does not exist, is empty, looks binary (contains NUL bytes) or is not
-        valid UTF-8; the message names the file.
+        If the file does not exist, is not a regular file (a folder, a FIFO, a device: said
+        which), is too large for the memory available, is empty, looks binary (contains NUL
+        bytes) or is not valid UTF-8; the message names the file.
+    OSError
+        If it cannot be read (e.g. permission denied).
     """
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file")
+    size = check_file(path).st_size
+    check_fits(lambda s: {"the text and its token ids": s["bytes"] * TEXT_BYTES},
+               {"bytes": size}, label=lambda _, n: f"{path} ({format_bytes(n)})")
     data = path.read_bytes()
     if not data:
         raise ValueError(f"{path}: the file is empty")
@@ -248,7 +254,8 @@ def window_schedule(n_tokens: int, context: int, batch: int, steps: int,
     Raises
     ------
     ValueError
-        If a size is not a positive integer or the text is shorter than one window.
+        If a size is not a positive integer, the text is shorter than one window, or the
+        schedule would not fit in the memory available.
     """
     n_tokens = _check_positive_int("n_tokens", n_tokens)
     context = _check_positive_int("context", context)
@@ -259,6 +266,8 @@ def window_schedule(n_tokens: int, context: int, batch: int, steps: int,
     if n_tokens < context + 1:
         raise ValueError(f"n_tokens = {n_tokens} is shorter than one window of context + 1 = "
                          f"{context + 1} tokens")
+    check_fits(lambda s: {"window schedule": s["steps"] * s["batch"] * SCHEDULE_ITEM},
+               {"steps": steps, "batch": batch})
     return rng.integers(0, n_tokens - context, size=(steps, batch), dtype=np.int64)
 
 

@@ -93,6 +93,8 @@ def next_token_probs(logits: np.ndarray, temperature: float = 1.0, top_k: int | 
     Notes
     -----
     (1) z = logits / temperature
+    (1') where (1) overflows (a temperature like 1e-310), its limit as temperature -> 0:
+         z_j = 0 for the largest logits, -inf for the rest, i.e. greedy (ties share)
     (2) top-k: z_j = -inf unless j is among the k largest z (exactly k kept; ties at the
         k-th value are broken arbitrarily)
     (3) p = softmax(z)
@@ -100,7 +102,13 @@ def next_token_probs(logits: np.ndarray, temperature: float = 1.0, top_k: int | 
         top_p, i.e. keep sorted entry i iff the mass *before* it is < top_p; set the rest to
         0 and renormalise
     """
-    z = logits.astype(np.float64) / temperature  # (1) (B, V)
+    with np.errstate(over="ignore"):  # handled by (1')
+        z = logits.astype(np.float64) / temperature  # (1) (B, V)
+    top = z.max(axis=-1)
+    if not np.isfinite(top).all():  # (1') a temperature so small that (1) overflows
+        rows = ~np.isfinite(top)
+        best = logits[rows] == logits[rows].max(axis=-1, keepdims=True)
+        z[rows] = np.where(best, 0.0, -np.inf)  # the limit T -> 0: all mass on the best
     v = z.shape[-1]
     if top_k is not None and top_k < v:  # (2)
         best = np.argpartition(-z, top_k - 1, axis=-1)[:, :top_k]  # (B, k), any order
@@ -131,8 +139,8 @@ def sample_next(logits: np.ndarray, rng: np.random.Generator | None, temperature
     rng : np.random.Generator
         The only source of randomness (may be None when ``greedy``).
     temperature : float, default 1.0
-        Divides the logits: < 1 sharpens the distribution (towards greedy as it goes to 0),
-        > 1 flattens it.
+        Divides the logits: < 1 sharpens the distribution (towards greedy as it goes to 0;
+        one so small that the division overflows, such as 1e-310, is greedy), > 1 flattens it.
     top_k : int, optional
         Keep only the k most probable tokens, renormalised (k >= V keeps all).
     top_p : float, optional

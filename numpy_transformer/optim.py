@@ -39,12 +39,45 @@ from ._checks import check_float, check_number
 from .backend import Backend, get_backend
 from .config import DEFAULT_BACKEND
 
-__all__ = ["clip_grad_norm", "Adam", "AdamW"]
+__all__ = ["global_norm", "clip_grad_norm", "Adam", "AdamW"]
 
 
 # --------------------------------------------------------------------------------------------
 # Gradient clipping
 # --------------------------------------------------------------------------------------------
+
+def global_norm(grads: Mapping[str, np.ndarray]) -> float:
+    """``sqrt(sum over every tensor of sum(g**2))``, finite whenever every gradient is.
+
+    Raises
+    ------
+    ValueError
+        If a gradient is not a float array.
+
+    Notes
+    -----
+    The squares are summed by BLAS in the gradients' dtype. In float32 a square overflows
+    past 3.4e38, i.e. for an element above 1.8e19, and the sum becomes inf although every
+    gradient is finite. Only then is the norm computed again the way LAPACK's ``nrm2`` does:
+    every element divided by the largest magnitude s first (so each square is at most 1),
+    ``norm = s * sqrt(sum((g / s)**2))``. Finite norms are never recomputed, so they are the
+    same numbers as ever.
+    """
+    sum_sq = 0.0
+    for name, g in grads.items():
+        check_float(f"grads[{name!r}]", g)
+        flat = g.reshape(-1)  # a view for contiguous arrays (a copy otherwise, read only)
+        with np.errstate(over="ignore"):  # an overflow is handled below
+            sum_sq += float(np.dot(flat, flat))  # BLAS dot: no temporary array
+    norm = math.sqrt(sum_sq)
+    if norm != math.inf:  # finite, or NaN (a NaN gradient: no scaling can help)
+        return norm
+    scale = max((float(np.abs(g).max()) for g in grads.values() if g.size), default=0.0)
+    if not math.isfinite(scale):  # an infinite gradient: the norm is inf
+        return norm
+    scaled = (g.reshape(-1) / g.dtype.type(scale) for g in grads.values())  # each |x| <= 1
+    return scale * math.sqrt(sum(float(np.dot(x, x)) for x in scaled))
+
 
 def clip_grad_norm(grads: Mapping[str, np.ndarray], max_norm: float) -> float:
     """Scale all gradients in place so that their GLOBAL L2 norm is at most ``max_norm``.
@@ -59,7 +92,8 @@ def clip_grad_norm(grads: Mapping[str, np.ndarray], max_norm: float) -> float:
     Returns
     -------
     total_norm : float
-        The global norm BEFORE clipping, ``sqrt(sum over every tensor of sum(g**2))``.
+        The global norm BEFORE clipping, ``sqrt(sum over every tensor of sum(g**2))``
+        (:func:`global_norm`: finite whenever every gradient is).
         If it is not finite (inf or NaN) the gradients are left untouched and the value is
         returned so the caller can skip the step. (PyTorch instead multiplies by the NaN or
         zero coefficient it computes; skipping is the decision a training loop wants.)
@@ -84,12 +118,7 @@ def clip_grad_norm(grads: Mapping[str, np.ndarray], max_norm: float) -> float:
     if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) \
             or not math.isfinite(max_norm) or max_norm <= 0:
         raise ValueError(f"max_norm must be a positive finite number, got {max_norm!r}")
-    sum_sq = 0.0
-    for name, g in grads.items():
-        check_float(f"grads[{name!r}]", g)
-        flat = g.reshape(-1)  # a view for contiguous arrays (a copy otherwise, read only)
-        sum_sq += float(np.dot(flat, flat))  # BLAS dot: no temporary array
-    total_norm = math.sqrt(sum_sq)
+    total_norm = global_norm(grads)
     if not math.isfinite(total_norm):
         return total_norm
     clip_coef = max_norm / (total_norm + 1e-6)

@@ -25,7 +25,7 @@ import numpy as np
 
 from .backend import Backend, get_backend
 from .data import get_batch
-from .optim import clip_grad_norm
+from .optim import clip_grad_norm, global_norm
 
 
 class Batch(NamedTuple):
@@ -118,11 +118,12 @@ class Trainer:
         loss = self.loss_and_grads(batch)
         params, grads = self.named_arrays()
         if not math.isfinite(loss):
-            raise NonFiniteError(f"step {step}: the loss is {loss}")
-        norm = clip_grad_norm(grads, self.clip) if self.clip else _global_norm(grads)
-        if not math.isfinite(norm):
-            first = next(n for n, g in grads.items() if not np.isfinite(g).all())
-            raise NonFiniteError(f"step {step}: gradient of {first} is not finite")
+            raise NonFiniteError(f"step {step}: the loss is {loss}; {_weights_report(params)}")
+        norm = clip_grad_norm(grads, self.clip) if self.clip else global_norm(grads)
+        if not math.isfinite(norm):  # global_norm is finite when every gradient is
+            first = next((n for n, g in grads.items() if not np.isfinite(g).all()), None)
+            raise NonFiniteError(f"step {step}: the gradient of {first} is not finite" if first
+                                 else f"step {step}: the gradient norm is beyond float range")
         lr = self.lr_schedule(step)
         keep_stats = self.stats_every and step % self.stats_every == 0
         before = {n: p.copy() for n, p in params.items()} if keep_stats else None
@@ -151,8 +152,17 @@ class Trainer:
         return self.log
 
 
-def _global_norm(grads: dict[str, np.ndarray]) -> float:
-    return math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+def _weights_report(params: dict[str, np.ndarray]) -> str:
+    """Which tensor to blame for a non-finite loss: the first weight holding a NaN or an
+    infinity, else the weight of the largest magnitude (finite weights so large that the
+    activations overflow)."""
+    bad = next((n for n, p in params.items() if not np.isfinite(p).all()), None)
+    if bad is not None:
+        return f"weight {bad} holds NaN or infinity"
+    peaks = {n: float(np.abs(p).max()) for n, p in params.items() if p.size}
+    name = max(peaks, key=peaks.get)
+    return (f"every weight is finite, but {name} reaches |w| = {peaks[name]:.3g} (a learning "
+            f"rate too large?)")
 
 
 def _tensor_stats(step: int, params: dict, grads: dict, before: dict) -> dict:

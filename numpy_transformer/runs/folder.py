@@ -1,22 +1,40 @@
-"""The run folder on disk: choosing and creating it, refusing to overwrite it, its checkpoint's
-path, and its log.
+"""The run folder on disk: choosing and creating it, refusing to overwrite it, locking it, its
+checkpoint's path, and its log.
 
 The files a run folder holds, and what each contains, are listed once, in
-:data:`numpy_transformer.runs.options.RUN_FILES`. Every path into a run folder is made here, so
-what guards the folder as a whole (a lock against a second process, the clean-up of temporary
-files a killed save left behind) belongs in this module too.
+:data:`numpy_transformer.runs.options.RUN_FILES`. Every path into a run folder is made here, and
+so is what guards the folder as a whole:
+
+* a process that trains in a folder holds it (:class:`FolderLock`): a second ``train`` or
+  ``--resume`` of the same folder is refused with one line naming the first one's pid;
+* once a folder is held, the temporary files of atomic writes that a kill left behind
+  (``.checkpoint.npz.*.tmp``) are removed: no other process can be writing them.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
-from ..checkpoint import CheckpointError, atomic_write_text, load_checkpoint
+from .._checks import check_file
+from ..checkpoint import (
+    CheckpointError,
+    atomic_write_text,
+    decode_json,
+    load_checkpoint,
+    temporary_names,
+)
 from .options import CHECKPOINT, CONFIG, LOG, RUN_FILES, UsageError, default_run_folder, say
+
+try:
+    import fcntl
+except ImportError:  # Windows: folders are not locked there
+    fcntl = None
+
+LOCK = ".lock"  # held by the process training in the folder; holds its pid
 
 
 def checkpoint_path(target: str | Path) -> Path:
@@ -34,8 +52,9 @@ def log_path(run_dir: Path) -> Path:
 # A new run's folder
 # --------------------------------------------------------------------------------------------
 
-def new_run_folder(out: str | None, task: str, description: dict, force: bool) -> Path:
-    """Choose and create the folder of a new run; write its ``config.json`` and an empty log.
+def new_run_folder(out: str | None, task: str, description: dict, force: bool) -> FolderLock:
+    """Choose, create and hold the folder of a new run; write its ``config.json`` and an empty
+    log. Returns the held folder (release it when the run ends: ``with``).
 
     * No ``--out``: ``runs/char-lm`` (``runs/<task>`` for the tasks); if that folder is
       already in use, a fresh ``runs/char-lm-YYYYmmdd-HHMMSS`` beside it (said on stdout).
@@ -46,35 +65,46 @@ def new_run_folder(out: str | None, task: str, description: dict, force: bool) -
     Raises
     ------
     UsageError
-        When the folder may not or cannot be used.
+        When the folder may not be used (also: another process is training in it).
+    OSError
+        When it cannot be written (read-only, permission denied).
     """
     default = default_run_folder(task)
     path = Path(out) if out is not None else default
     if path.exists() and not path.is_dir():
         raise UsageError(f"run folder {path} exists and is not a folder")
-    if path.is_dir() and any(path.iterdir()):
-        if force:
-            for name in RUN_FILES:
-                (path / name).unlink(missing_ok=True)
-        elif out is None:
-            stamp = f"{default.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-            path, n = default.with_name(stamp), 1
-            while path.exists():  # two runs in one second
-                n += 1
-                path = default.with_name(f"{stamp}-{n}")
-            say(f"{default} is in use; this run goes to {path}")
-        else:
-            _refuse_occupied(path, description)
+    if out is None and _occupied(path):
+        stamp = f"{default.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        path, n = default.with_name(stamp), 1
+        while path.exists():  # two runs in one second
+            n += 1
+            path = default.with_name(f"{stamp}-{n}")
+        say(f"{default} is in use; this run goes to {path}")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test.")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise UsageError(f"cannot write to run folder {path}: {e.strerror or e}") from None
-    atomic_write_text(path / CONFIG, json.dumps(description, indent=2) + "\n")
-    log_path(path).write_text("", encoding="utf-8")
-    return path
+    except (NotADirectoryError, FileExistsError) as e:  # a file where a folder must go
+        raise UsageError(f"cannot write to run folder {path}: {e.strerror}") from None
+    lock = FolderLock(path)
+    try:
+        if _occupied(path):
+            if not force:
+                _refuse_occupied(path, description)
+            for name in RUN_FILES:
+                if (path / name).is_dir():
+                    raise UsageError(f"{path / name} is a folder, not the run's file; move it "
+                                     f"away before --force")
+                (path / name).unlink(missing_ok=True)
+        atomic_write_text(path / CONFIG, json.dumps(description, indent=2) + "\n")
+        log_path(path).write_text("", encoding="utf-8")
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _occupied(path: Path) -> bool:
+    """Whether folder ``path`` holds anything but a lock file."""
+    return path.is_dir() and any(p.name != LOCK for p in path.iterdir())
 
 
 def _refuse_occupied(path: Path, description: dict) -> None:
@@ -95,17 +125,48 @@ def _refuse_occupied(path: Path, description: dict) -> None:
     if finished:
         raise UsageError(f"run folder {path} already holds this run, finished; pass "
                          f"--force to train it again or choose another --out")
-    raise UsageError(f"run folder {path} already holds this run, stopped at step "
-                     f"{step}; continue it with 'numpy-transformer train --resume "
-                     f"{path}' or pass --force to start over")
+    where = "before its first checkpoint" if step is None else f"at step {step}"
+    raise UsageError(f"run folder {path} already holds this run, stopped {where}; continue "
+                     f"it with 'numpy-transformer train --resume {path}' or pass --force to "
+                     f"start over")
 
 
 def _read_json(path: Path) -> dict | None:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    """The JSON object in file ``path``; None if there is none or it is not JSON.
+
+    Raises
+    ------
+    UsageError
+        If ``path`` is a folder, a FIFO or a device (said which).
+    """
+    if not os.path.lexists(path):
         return None
+    try:
+        check_file(path)
+        value = decode_json(path.read_text(encoding="utf-8"), str(path))
+    except CheckpointError:
+        return None
+    except ValueError as e:  # check_file: not a file; UnicodeDecodeError: not text
+        if isinstance(e, UnicodeDecodeError):
+            return None
+        raise UsageError(str(e)) from None
     return value if isinstance(value, dict) else None
+
+
+def read_description(run_dir: Path) -> dict:
+    """The run's ``config.json``: ``{"config": {...}, "options": {...}}``.
+
+    Raises
+    ------
+    UsageError
+        If it is missing, not a file, not JSON or not such an object.
+    """
+    path = run_dir / CONFIG
+    held = _read_json(path)
+    if held is None or not all(isinstance(held.get(k), dict) for k in ("config", "options")):
+        raise UsageError(f"{path} does not describe a run (a JSON object with 'config' and "
+                         f"'options')")
+    return held
 
 
 def _differences(a: dict, b: dict) -> list[str]:
@@ -120,18 +181,96 @@ def _differences(a: dict, b: dict) -> list[str]:
 # An existing run's folder
 # --------------------------------------------------------------------------------------------
 
-def existing_run_folder(run_dir: str | Path) -> Path:
-    """The folder of a run to resume.
+def existing_run_folder(run_dir: str | Path) -> FolderLock:
+    """Hold the folder of a run to resume (release it when the run ends: ``with``).
 
     Raises
     ------
     UsageError
-        If ``run_dir`` is not a folder.
+        If ``run_dir`` is not a folder, or another process is training in it.
+    OSError
+        If it cannot be written.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"--resume {run_dir}: no such run folder")
-    return run_dir
+    return FolderLock(run_dir)
+
+
+# --------------------------------------------------------------------------------------------
+# One process per folder
+# --------------------------------------------------------------------------------------------
+
+class FolderLock:
+    """A run folder held by this process, until :meth:`release` (or the end of a ``with``).
+
+    The folder's ``.lock`` file holds the pid of the process training there and carries an
+    exclusive ``flock``. The kernel drops a flock when its process ends, however it ends (a
+    kill -9 too), so a lock file left behind is stale exactly when its pid is gone, and the
+    next process takes it over. Holding the folder, it removes the temporary files that
+    interrupted atomic writes left behind.
+
+    Attributes
+    ----------
+    folder : Path
+
+    Raises
+    ------
+    UsageError
+        If another living process holds the folder (the message names its pid).
+    OSError
+        If the lock file cannot be created (a read-only folder, permission denied).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.path, self.fd = folder, folder / LOCK, None
+        if fcntl is None:
+            return
+        try:
+            self.fd = self._acquire()
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(folder)) from None
+        for name in RUN_FILES:
+            for stale in folder.glob(temporary_names(name)):
+                stale.unlink(missing_ok=True)
+
+    def _acquire(self) -> int:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+                os.close(fd)
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                raise UsageError(f"run folder {self.folder} is in use by process {holder} (a "
+                                 f"run is going on there); wait for it or stop it") from None
+            try:  # the file we locked may have been removed by its last holder meanwhile
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode("ascii"))
+                return fd
+            os.close(fd)
+
+    def release(self) -> None:
+        """Give the folder up: remove the lock file, then drop the flock."""
+        if self.fd is not None:
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError:  # the folder became read-only: the lock goes stale as we exit
+                pass
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> FolderLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 def read_log(run_dir: Path, upto: int | None = None) -> list[dict]:

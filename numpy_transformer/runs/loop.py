@@ -18,6 +18,7 @@ checkpoint was written first and ``numpy-transformer train --resume RUN_DIR`` co
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -26,10 +27,26 @@ import numpy as np
 
 from ..checkpoint import load_checkpoint
 from ..train import NonFiniteError, ProgressBar
-from .folder import checkpoint_path, cut_log, existing_run_folder, log_path, new_run_folder
-from .options import EXIT_DIVERGED, EXIT_OK, EXIT_ON_SIGNAL, UsageError, say
+from .folder import (
+    checkpoint_path,
+    cut_log,
+    existing_run_folder,
+    log_path,
+    new_run_folder,
+    read_description,
+)
+from .options import (
+    CONFIG,
+    EXIT_DIVERGED,
+    EXIT_IO,
+    EXIT_OK,
+    EXIT_ON_SIGNAL,
+    UsageError,
+    describe_os_error,
+    say,
+)
 from .report import has_report, write_report
-from .state import Run, run_from_checkpoint
+from .state import Run, run_from_checkpoint, run_from_description
 
 
 def start_run(config_fields: dict, options: dict, out: str | None, force: bool,
@@ -39,46 +56,59 @@ def start_run(config_fields: dict, options: dict, out: str | None, force: bool,
         run = Run(config_fields, options)
     except ValueError as e:  # load_text and friends name the problem
         raise UsageError(str(e)) from None
-    run_dir = new_run_folder(out, options["task"], run.description(), force)
-    c = run.config
-    say(f"run folder {run_dir}")
-    say(f"{type(run.model).__name__}: {run.model.num_parameters():,} parameters, width "
-        f"{c.width}, {c.heads} heads, {c.layers} layers, FFN {c.ffn_width} {c.activation}, "
-        f"{c.positions} positions, context {c.max_len}, {c.dtype}, {c.backend} attention")
-    if run.tokenizer is not None:
-        source = options["text"] or "the embedded corpus"
-        say(f"data: {source}, {len(run.train_ids) + len(run.val_ids):,} characters, "
-            f"vocabulary {run.tokenizer.vocab_size}; {options['steps']} steps of "
-            f"{options['batch']} windows")
-    run.save(checkpoint_path(run_dir))  # step 0: a run folder always holds a checkpoint
-    return train(run, run_dir, progress)
+    with new_run_folder(out, options["task"], run.description(), force) as held:
+        run_dir = held.folder
+        c = run.config
+        say(f"run folder {run_dir}")
+        say(f"{type(run.model).__name__}: {run.model.num_parameters():,} parameters, width "
+            f"{c.width}, {c.heads} heads, {c.layers} layers, FFN {c.ffn_width} {c.activation}, "
+            f"{c.positions} positions, context {c.max_len}, {c.dtype}, {c.backend} attention")
+        if run.tokenizer is not None:
+            source = options["text"] or "the embedded corpus"
+            say(f"data: {source}, {len(run.train_ids) + len(run.val_ids):,} characters, "
+                f"vocabulary {run.tokenizer.vocab_size}; {options['steps']} steps of "
+                f"{options['batch']} windows")
+        run.save(checkpoint_path(run_dir))  # step 0: a run folder always holds a checkpoint
+        return train(run, run_dir, progress)
 
 
 def resume_run(run_dir: str | Path, progress: bool = True) -> int:
     """Continue the run in ``run_dir`` from its checkpoint; returns the exit code.
 
-    1. Rebuild the run from its checkpoint (:func:`~.state.run_from_checkpoint` checks that
-       the data and config are still those it was trained with).
-    2. A run that finished and wrote its report: nothing to do.
-    3. Drop the log lines written after the checkpoint: those steps are recomputed, identically.
-    4. Finished but stopped while writing the report: write the report again (the sampler's
+    1. Hold the folder (no other process may train in it).
+    2. Rebuild the run from its checkpoint (:func:`~.state.run_from_checkpoint` checks that
+       the data and config are still those it was trained with). A folder holding only its
+       ``config.json`` (killed before the first save) starts the run from step 0.
+    3. A run that finished and wrote its report: nothing to do.
+    4. Drop the log lines written after the checkpoint: those steps are recomputed, identically.
+    5. Finished but stopped while writing the report: write the report again (the sampler's
        generator comes from the checkpoint, so the sample is the same). Otherwise train on.
     """
-    run_dir = existing_run_folder(run_dir)
-    path = checkpoint_path(run_dir)
-    ckpt = load_checkpoint(path)
-    run = run_from_checkpoint(ckpt, path)
-    steps = run.options["steps"]
-    finished = ckpt.meta.get("finished") and ckpt.step >= steps
-    if finished and has_report(run, run_dir):
-        say(f"{run_dir} already finished its {steps} steps; nothing to resume")
-        return EXIT_OK
-    cut_log(run_dir, ckpt.step)
-    if finished:
-        say(f"{run_dir} finished training; writing its report")
-        return write_report(run, run_dir)
-    say(f"resuming {run_dir} at step {ckpt.step} of {steps}")
-    return train(run, run_dir, progress)
+    with existing_run_folder(run_dir) as held:
+        run_dir = held.folder
+        path = checkpoint_path(run_dir)
+        if not os.path.lexists(path) and os.path.lexists(run_dir / CONFIG):
+            description = read_description(run_dir)
+            run = run_from_description(description["config"], description["options"],
+                                       run_dir / CONFIG)
+            say(f"{run_dir} has no checkpoint yet (stopped before its first save); starting "
+                f"its run from step 0")
+            cut_log(run_dir, 0)
+            run.save(path)
+            return train(run, run_dir, progress)
+        ckpt = load_checkpoint(path)
+        run = run_from_checkpoint(ckpt, path)
+        steps = run.options["steps"]
+        finished = ckpt.meta.get("finished") and ckpt.step >= steps
+        if finished and has_report(run, run_dir):
+            say(f"{run_dir} already finished its {steps} steps; nothing to resume")
+            return EXIT_OK
+        cut_log(run_dir, ckpt.step)
+        if finished:
+            say(f"{run_dir} finished training; writing its report")
+            return write_report(run, run_dir)
+        say(f"resuming {run_dir} at step {ckpt.step} of {steps}")
+        return train(run, run_dir, progress)
 
 
 class _StopRequest:
@@ -103,7 +133,11 @@ class _StopRequest:
 
 
 def train(run: Run, run_dir: Path, progress: bool = True) -> int:
-    """The training loop with logging, periodic evaluation and checkpoints, then the report."""
+    """The training loop with logging, periodic evaluation and checkpoints, then the report.
+
+    Every checkpoint is written inside the ``try``: a non-finite tensor (exit 1) or a failed
+    write (exit 74) stops the run with one line, and the last checkpoint written stays whole.
+    """
     o = run.options
     steps, trainer = o["steps"], run.trainer
     ckpt_path = checkpoint_path(run_dir)
@@ -111,39 +145,48 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
     bar = ProgressBar(steps) if progress else None
     # NumPy's overflow warnings are noise here: the Trainer checks every step for non-finite
     # values itself and stops with a NonFiniteError that names the step and the tensor.
-    with _StopRequest() as stop, open(log_path(run_dir), "a", encoding="utf-8") as log, \
-            np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+    with _StopRequest() as stop, np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         try:
-            while trainer.step_count < steps and stop.signum is None:
-                r = trainer.step(run.batch(trainer.step_count))
-                log.write(json.dumps({"step": r.step, "loss": r.loss, "lr": r.lr,
-                                      "grad_norm": r.grad_norm,
-                                      "tokens_per_s": r.tokens_per_s}) + "\n")
-                log.flush()
-                if bar:
-                    bar.update(r)
-                if o["eval_every"] and r.step % o["eval_every"] == 0 and r.step < steps:
-                    log.write(json.dumps({"step": r.step, **run.evaluate()}) + "\n")
+            with open(log_path(run_dir), "a", encoding="utf-8") as log:
+                while trainer.step_count < steps and stop.signum is None:
+                    r = trainer.step(run.batch(trainer.step_count))
+                    log.write(json.dumps({"step": r.step, "loss": r.loss, "lr": r.lr,
+                                          "grad_norm": r.grad_norm,
+                                          "tokens_per_s": r.tokens_per_s}) + "\n")
                     log.flush()
-                if o["save_every"] and r.step % o["save_every"] == 0 and r.step < steps:
-                    run.save(ckpt_path)
-                    saved_at = r.step
+                    if bar:
+                        bar.update(r)
+                    if o["eval_every"] and r.step % o["eval_every"] == 0 and r.step < steps:
+                        log.write(json.dumps({"step": r.step, **run.evaluate()}) + "\n")
+                        log.flush()
+                    if o["save_every"] and r.step % o["save_every"] == 0 and r.step < steps:
+                        run.save(ckpt_path)
+                        saved_at = r.step
+            if stop.signum is None:
+                run.save(ckpt_path, finished=True)
+            elif saved_at != trainer.step_count:
+                run.save(ckpt_path)
         except NonFiniteError as e:
-            if bar:
-                bar.close()
-            print(f"numpy-transformer: error: training diverged: {e}; the last good "
-                  f"checkpoint (step {saved_at}) in {run_dir} is left untouched",
-                  file=sys.stderr, flush=True)
-            return EXIT_DIVERGED
+            return _stopped(bar, EXIT_DIVERGED, f"training diverged: {e}; the last good "
+                            f"checkpoint (step {saved_at}) in {run_dir} is left untouched")
+        except OSError as e:
+            return _stopped(bar, EXIT_IO, f"{describe_os_error(e)}; training stopped after "
+                            f"step {trainer.step_count}, the checkpoint of step {saved_at} in "
+                            f"{run_dir} is left intact")
         if bar:
             bar.close()
         if stop.signum is not None:
-            if saved_at != trainer.step_count:
-                run.save(ckpt_path)
             name = signal.Signals(stop.signum).name
             print(f"{name}: stopped after step {trainer.step_count} of {steps}; checkpoint "
                   f"saved. Continue with: numpy-transformer train --resume {run_dir}",
                   file=sys.stderr, flush=True)
             return EXIT_ON_SIGNAL[stop.signum]
-        run.save(ckpt_path, finished=True)
     return write_report(run, run_dir)
+
+
+def _stopped(bar: ProgressBar | None, code: int, message: str) -> int:
+    """End the progress line, print ``message`` as the one error line, return ``code``."""
+    if bar:
+        bar.close()
+    print(f"numpy-transformer: error: {message}", file=sys.stderr, flush=True)
+    return code

@@ -8,9 +8,12 @@ before NumPy is loaded. Every other module of the package may import it; it impo
 
 from __future__ import annotations
 
+import math
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from ..config import DEFAULT_BACKEND
 
@@ -24,13 +27,21 @@ def say(*parts: object) -> None:
     print(*parts, flush=True)
 
 
+def describe_os_error(e: OSError) -> str:
+    """A failed read or write in one line: the file, then the system's reason."""
+    reason = e.strerror or str(e)
+    return f"{e.filename}: {reason}" if e.filename else reason
+
+
 # --------------------------------------------------------------------------------------------
 # Exit codes
 # --------------------------------------------------------------------------------------------
 
 EXIT_OK = 0  # finished (also: --resume of a run that had already finished)
 EXIT_DIVERGED = 1  # a non-finite loss or gradient; the last good checkpoint is left untouched
-EXIT_USAGE = 2  # bad input: an option, a file, a run folder, a checkpoint
+EXIT_USAGE = 2  # bad input: an option, a file, a run folder, a checkpoint, a size too large
+EXIT_IO = 74  # a file could not be read or written (sysexits.h's EX_IOERR): permission denied,
+#   a read-only folder, a full disk, a file-size limit; the previous checkpoint is left intact
 EXIT_ON_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + signal number, as a shell
 
 
@@ -97,6 +108,80 @@ SCHEDULES = ("constant", "cosine")
 # unless told otherwise.
 SAMPLE_PROMPT = "def "  # the embedded corpus is Python; a vocabulary without it starts elsewhere
 SAMPLE_LENGTH, SAMPLE_TEMPERATURE = 300, 0.8
+MAX_SAMPLE_LENGTH = 1_000_000  # sample --length: a few minutes of the char model, not days
+
+
+# --------------------------------------------------------------------------------------------
+# What each numeric option accepts
+# --------------------------------------------------------------------------------------------
+
+class Rule(NamedTuple):
+    """A numeric option's type, the values it accepts and how a refusal describes them."""
+
+    kind: type  # int or float
+    ok: Callable[[float], bool]
+    expected: str
+
+
+POSITIVE_INT = Rule(int, lambda v: v > 0, "a positive integer")
+NONNEG_INT = Rule(int, lambda v: v >= 0, "an integer >= 0")
+POSITIVE = Rule(float, lambda v: 0 < v < math.inf, "a positive number")
+NONNEG = Rule(float, lambda v: 0 <= v < math.inf, "a number >= 0")
+RATE = Rule(float, lambda v: 0 <= v < 1, "a probability in [0, 1)")
+SHARE = Rule(float, lambda v: 0 < v <= 1, "a probability in (0, 1]")
+LENGTH = Rule(int, lambda v: 0 < v <= MAX_SAMPLE_LENGTH,
+              f"an integer from 1 to {MAX_SAMPLE_LENGTH:,}")
+# The numeric options of train, by key. Sizes have no upper bound here: what cannot fit in
+# memory is refused by numpy_transformer.memory before anything is allocated.
+TRAIN_NUMBERS = {"width": POSITIVE_INT, "heads": POSITIVE_INT, "layers": POSITIVE_INT,
+                 "ffn_width": POSITIVE_INT, "max_len": POSITIVE_INT, "dropout": RATE,
+                 "lr": POSITIVE, "weight_decay": NONNEG, "warmup": NONNEG_INT, "clip": NONNEG,
+                 "batch": POSITIVE_INT, "steps": POSITIVE_INT, "seed": NONNEG_INT,
+                 "eval_every": NONNEG_INT, "save_every": NONNEG_INT}
+
+
+def flag(key: str) -> str:
+    """The command-line flag of option ``key``: ``"ffn_width"`` -> ``"--ffn-width"``."""
+    return "--context" if key == "max_len" else "--" + key.replace("_", "-")
+
+
+def parse_number(rule: Rule, text: str) -> float:
+    """``text`` as a number ``rule`` accepts.
+
+    Raises
+    ------
+    ValueError
+        Saying what was expected and what was given (NaN is never accepted).
+    """
+    try:
+        value = rule.kind(text)
+    except ValueError:
+        value = math.nan
+    if value != value or not rule.ok(value):  # NaN fails every comparison but this one
+        raise ValueError(f"expected {rule.expected}, got {text!r}")
+    return value
+
+
+def check_stored_options(config_fields: dict, options: dict) -> None:
+    """Check options read back from a run folder or a checkpoint as the command line checks
+    what it parses: each number's type and range, each choice's name.
+
+    Raises
+    ------
+    UsageError
+        Naming the first bad option.
+    """
+    given = {**config_fields, **options}
+    for key, rule in TRAIN_NUMBERS.items():
+        value = given.get(key)
+        types = (int,) if rule.kind is int else (int, float)
+        if isinstance(value, bool) or not isinstance(value, types) or not rule.ok(value):
+            raise UsageError(f"{flag(key)} {value!r}: expected {rule.expected}")
+    for key, allowed in (("task", TASKS), ("optimizer", OPTIMIZERS), ("schedule", SCHEDULES)):
+        if given.get(key) not in allowed:
+            raise UsageError(f"--{key} {given.get(key)!r}: expected one of {allowed}")
+    if not isinstance(given.get("text"), (str, type(None))):
+        raise UsageError(f"--text {given.get('text')!r}: expected a file name")
 
 
 def default_run_folder(task: str) -> Path:

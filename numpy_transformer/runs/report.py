@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
+
+import numpy as np
 
 from ..checkpoint import atomic_write_text
 from ..generate import generate
@@ -14,6 +17,7 @@ from .folder import log_path, read_log
 from .options import (
     ATTENTION_PLOT,
     CONFIG,
+    EXIT_DIVERGED,
     EXIT_OK,
     LOSS_PLOT,
     REPORT_FILES,
@@ -33,8 +37,24 @@ def has_report(run: Run, run_dir: Path) -> bool:
 
 
 def write_report(run: Run, run_dir: Path) -> int:
-    """After the last step: held-out loss, the two plots and (for an LM) a sample."""
+    """After the last step: held-out loss, the two plots and (for an LM) a sample.
+
+    Returns 0, or 1 (diverged) when the held-out loss of the final weights is not finite:
+    weights that are finite but so large that the activations overflow.
+    """
+    # Weights that grew huge but stayed finite overflow in float32 (a LayerNorm's variance);
+    # the held-out loss below is the verdict, NumPy's warnings are noise.
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return _report(run, run_dir)
+
+
+def _report(run: Run, run_dir: Path) -> int:
     result = run.evaluate()
+    if not math.isfinite(result["val_loss"]):  # finite weights, but too large to compute with
+        print(f"numpy-transformer: error: training diverged: the held-out loss after step "
+              f"{run.trainer.step_count} is {result['val_loss']}; the weights of {run_dir} "
+              f"cannot be sampled from", file=sys.stderr, flush=True)
+        return EXIT_DIVERGED
     with open(log_path(run_dir), "a", encoding="utf-8") as log:
         log.write(json.dumps({"step": run.trainer.step_count, **result, "final": True}) + "\n")
     line = f"held-out loss {result['val_loss']:.4f}"

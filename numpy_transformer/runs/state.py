@@ -33,12 +33,18 @@ from ..data import (
     window_schedule,
 )
 from ..functional.softmax import cross_entropy_forward
+from ..memory import check_training_fits
 from ..nn import DecoderLM, EncoderClassifier, EncoderDecoder, TransformerConfig
 from ..optim import Adam, AdamW
 from ..schedules import constant_lr, warmup_cosine
 from ..tasks import IGNORE_INDEX, copy_back_batch, reverse_batch, sort_batch
 from ..train import Batch, Trainer
-from .options import COPY_SHIFT, MODEL_KEYS, TRAIN_KEYS, UsageError
+from .options import COPY_SHIFT, MODEL_KEYS, TRAIN_KEYS, UsageError, check_stored_options, flag
+
+MODEL_CLASSES = {"lm": DecoderLM, "copy": DecoderLM, "sort": EncoderClassifier,
+                 "reverse": EncoderDecoder}
+TASK_EVAL_SET = 512  # sequences of a synthetic task's fixed held-out set
+LM_EVAL_BATCH = 64  # windows per call of the LM's held-out loss (fixed_window_loss's default)
 
 # --------------------------------------------------------------------------------------------
 # A run in memory: data, model, optimizer, generators
@@ -75,25 +81,27 @@ class Run:
                 raise UsageError(f"the training part of the text has {len(self.train_ids)} "
                                  f"characters, fewer than one window of --context {context} + 1")
             vocab = self.tokenizer.vocab_size
-            # Drawn up front from its own generator: building the model cannot shift it.
-            self.schedule = window_schedule(len(self.train_ids), context, options["batch"],
-                                            options["steps"], np.random.default_rng(seed))
-            self.data_fingerprint = fingerprint(ids, self.schedule)
-            self.data_rng = None
         else:
             vocab = 11 if self.task == "reverse" else 10  # digits, plus BOS for reverse
             if self.task == "sort":
                 extra["num_classes"] = 10
-            self.data_rng = np.random.default_rng([seed, 1])  # one batch per step
-            self.eval_set = self._task_batch(512, np.random.default_rng([seed, 2]))
-            self.data_fingerprint = None
+        model_class = MODEL_CLASSES[self.task]
+        config = TransformerConfig(vocab=vocab, seed=seed, **config_fields, **extra)
         try:
-            self.config = TransformerConfig(vocab=vocab, seed=seed, **config_fields,
-                                            **extra).validate()
+            self._check_memory(config, model_class.__name__)  # first: it names the option
+            self.config = config.validate()
         except ValueError as e:
             raise UsageError(str(e)) from None
-        model_class = {"lm": DecoderLM, "copy": DecoderLM, "sort": EncoderClassifier,
-                       "reverse": EncoderDecoder}[self.task]
+        if self.task == "lm":
+            # Drawn up front from its own generator: building the model cannot shift it.
+            self.schedule = window_schedule(len(self.train_ids), self.length, options["batch"],
+                                            options["steps"], np.random.default_rng(seed))
+            self.data_fingerprint = fingerprint(ids, self.schedule)
+            self.data_rng = None
+        else:
+            self.data_rng = np.random.default_rng([seed, 1])  # one batch per step
+            self.eval_set = self._task_batch(TASK_EVAL_SET, np.random.default_rng([seed, 2]))
+            self.data_fingerprint = None
         self.model = model_class(self.config)
         opt_class = AdamW if options["optimizer"] == "adamw" else Adam
         self.optimizer = opt_class(lr=options["lr"], weight_decay=options["weight_decay"],
@@ -103,6 +111,15 @@ class Run:
         self.sample_rng = np.random.default_rng([seed, 3])
 
     # ---------------------------------------------------------------- pieces
+    def _check_memory(self, config: TransformerConfig, model: str) -> None:
+        """Raise ``ValueError`` naming the option if the run cannot fit in memory: weights,
+        gradients, Adam's moments, a step's activations (or an evaluation's, if larger) and
+        the LM's window schedule (``numpy_transformer.memory``)."""
+        lm = self.task == "lm"
+        check_training_fits(config, model, self.options["batch"], self.options["steps"],
+                            LM_EVAL_BATCH if lm else TASK_EVAL_SET, schedule=lm,
+                            label=_option_label)
+
     def lr_schedule(self) -> Callable[[int], float]:
         o = self.options
         if o["schedule"] == "cosine":
@@ -144,7 +161,8 @@ class Run:
         self.model.eval()
         try:
             if self.task == "lm":
-                loss = fixed_window_loss(self.model.forward, self.val_ids, self.config.max_len)
+                loss = fixed_window_loss(self.model.forward, self.val_ids, self.config.max_len,
+                                         batch=LM_EVAL_BATCH)
                 return {"val_loss": float(loss)}
             b = self.eval_set
             logits = self.model.forward(*b.inputs)
@@ -203,6 +221,11 @@ class Run:
         self.trainer.step_count = ckpt.step
 
 
+def _option_label(key: str, value: int) -> str:
+    """How a memory refusal names a size: by its flag (the vocabulary comes from the data)."""
+    return f"a vocabulary of {value} characters" if key == "vocab" else f"{flag(key)} {value}"
+
+
 def _embedded_corpus() -> str:
     from ..corpus import load_corpus
 
@@ -213,29 +236,52 @@ def _embedded_corpus() -> str:
 # A run, or its model, rebuilt from a checkpoint
 # --------------------------------------------------------------------------------------------
 
+def run_from_description(config: dict, options: dict, source: str | Path) -> Run:
+    """Rebuild the :class:`Run` that a config and its options describe (a checkpoint's, or a
+    run folder's ``config.json``), checking them as the command line checks its options.
+
+    Raises
+    ------
+    CheckpointError
+        Naming ``source`` and what does not fit.
+    """
+    run = _rebuild(config, options, source)
+    _check_same_config(run, config, source)
+    return run
+
+
 def run_from_checkpoint(ckpt, path: Path) -> Run:
     """Rebuild the :class:`Run` a checkpoint was written by and load the checkpoint into it."""
-    config, options = dict(ckpt.config), dict(ckpt.options)
-    fields = {k: config.get(k) for k in MODEL_KEYS}
-    if set(MODEL_KEYS) - set(config) or set(TRAIN_KEYS) | {"task"} != set(options):
-        raise CheckpointError(f"{path}: config or options in the checkpoint are incomplete "
-                              f"or from another version")
-    try:
-        run = Run(fields, options)
-    except (ValueError, TypeError, KeyError) as e:  # e.g. the --text file is gone
-        raise CheckpointError(f"{path}: cannot rebuild the run: {e}") from None
+    run = _rebuild(ckpt.config, ckpt.options, path)
     same_tokens = ckpt.tokenizer == (run.tokenizer.to_dict() if run.tokenizer else None)
     if run.data_fingerprint != ckpt.meta.get("data_fingerprint") or not same_tokens:
-        what = options["text"] or "the embedded corpus"
+        what = ckpt.options["text"] or "the embedded corpus"
         raise CheckpointError(f"{path}: the training data changed since the checkpoint was "
                               f"written ({what}); cannot resume exactly")
-    if dataclasses.asdict(run.config) != config:
-        built = dataclasses.asdict(run.config)
-        diff = sorted(k for k in set(built) | set(config) if built.get(k) != config.get(k))
-        raise CheckpointError(f"{path}: the config in the checkpoint does not match the model "
-                              f"it describes (differs in {diff})")
+    _check_same_config(run, ckpt.config, path)
     run.restore(ckpt, path)
     return run
+
+
+def _rebuild(config: dict, options: dict, source: str | Path) -> Run:
+    if not isinstance(config, dict) or not isinstance(options, dict) \
+            or set(MODEL_KEYS) - set(config) or set(TRAIN_KEYS) | {"task"} != set(options):
+        raise CheckpointError(f"{source}: config or options are incomplete or from another "
+                              f"version")
+    fields = {k: config[k] for k in MODEL_KEYS}
+    try:
+        check_stored_options(fields, options)
+        return Run(fields, dict(options))
+    except (ValueError, TypeError, KeyError) as e:  # e.g. the --text file is gone
+        raise CheckpointError(f"{source}: cannot rebuild the run: {e}") from None
+
+
+def _check_same_config(run: Run, config: dict, source: str | Path) -> None:
+    built = dataclasses.asdict(run.config)
+    if built != config:
+        diff = sorted(k for k in set(built) | set(config) if built.get(k) != config.get(k))
+        raise CheckpointError(f"{source}: the config does not match the model it describes "
+                              f"(differs in {diff})")
 
 
 def model_from_checkpoint(path: Path):
@@ -245,8 +291,7 @@ def model_from_checkpoint(path: Path):
         config = TransformerConfig(**ckpt.config).validate()
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: bad model config: {e}") from None
-    model_class = {"DecoderLM": DecoderLM, "EncoderClassifier": EncoderClassifier,
-                   "EncoderDecoder": EncoderDecoder}.get(ckpt.meta.get("model"))
+    model_class = {c.__name__: c for c in MODEL_CLASSES.values()}.get(ckpt.meta.get("model"))
     if model_class is None:
         raise CheckpointError(f"{path}: unknown model kind {ckpt.meta.get('model')!r}")
     model = model_class(config)

@@ -1,0 +1,191 @@
+"""Memory: what a model or a training run will hold, and what the machine has, compared before
+anything is allocated.
+
+A size that cannot fit (``layers=10**12``, ``max_len=10**12``, a schedule of 10**12 steps)
+would otherwise hang while the pages of its arrays are touched one by one, or end in a
+``MemoryError`` deep inside NumPy. The estimates below are arithmetic on the sizes, in Python
+integers (they cannot overflow), and count only what certainly stays allocated:
+
+* the weights: every parameter and fixed table (sinusoidal, RoPE) of the model, exactly;
+* training adds a gradient and Adam's two moments per parameter (three more copies);
+* the activations one training step keeps for its backward pass, per position: the block's
+  inputs, q, k, v, the attention output, the feed-forward network's hidden layer (twice: before
+  and after the activation), the logits and their probabilities; with the NumPy backend also the
+  attention probabilities (H by T per position; the numba kernel keeps one number per row);
+* the LM's window schedule, drawn up front: steps x batch int64 starts.
+
+NumPy's temporaries and the interpreter are not counted, so the estimate is a lower bound of
+what a run allocates: when it exceeds the memory available, the run cannot fit and is refused
+(:func:`check_fits`) with one line naming the size that matters most and the estimate.
+
+This module is one of the foundations: it imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+
+__all__ = ["available_memory", "format_bytes", "weight_count", "activation_count",
+           "training_bytes", "check_fits", "check_config_fits", "check_training_fits"]
+
+SIZES = ("vocab", "width", "heads", "layers", "ffn_width", "max_len")  # TransformerConfig's
+MODEL_KINDS = ("DecoderLM", "EncoderClassifier", "EncoderDecoder")
+SCHEDULE_ITEM = 8  # bytes of one window start (int64)
+
+
+def available_memory() -> int | None:
+    """Bytes the machine can give this process now: Linux's ``MemAvailable``, else the physical
+    memory (``sysconf``), else ``None`` (unknown: nothing is refused)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # the file counts kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def format_bytes(n: int) -> str:
+    """``1536`` -> ``"1.5 kB"``; an astronomical count as a power of ten."""
+    if n >= 1000 ** 7:  # float(n) may overflow past 1e308: count digits instead
+        return f"10^{int(n.bit_length() * 0.30103)} bytes"
+    for unit in ("bytes", "kB", "MB", "GB", "TB", "PB"):
+        if n < 1000:
+            return f"{n:.3g} {unit}" if unit != "bytes" else f"{n} bytes"
+        n /= 1000
+    return f"{n:.3g} EB"
+
+
+# --------------------------------------------------------------------------------------------
+# What a model and a step hold, in numbers (multiply by the dtype's item size for bytes)
+# --------------------------------------------------------------------------------------------
+
+def _itemsize(config) -> int:
+    return 4 if config.dtype == "float32" else 8
+
+
+def weight_count(config, model: str = "DecoderLM") -> int:
+    """Numbers in the parameters and fixed tables of ``model`` built from ``config``.
+
+    Parameters
+    ----------
+    config : TransformerConfig
+        Its sizes are read as they are (not validated).
+    model : {"DecoderLM", "EncoderClassifier", "EncoderDecoder"}
+    """
+    c, f, v, t = config.width, config.ffn_width, config.vocab, config.max_len
+    norm = 2 * c if config.norm == "layernorm" else c  # gain and bias, or gain only
+    attention = 4 * (c * c + c)  # q, k, v and the output projection, with biases
+    if config.positions == "rope":  # each self-attention keeps cos and sin, (T, D/2) each
+        attention += t * (c // max(config.heads, 1))
+    ffn = 2 * c * f + f + c + (c * f + f if config.activation == "swiglu" else 0)
+    block = attention + ffn + 2 * norm
+    table = t * c if config.positions in ("sinusoidal", "learned") else 0
+    stack = v * c + table + config.layers * block + (norm if config.norm_first else 0)
+    if model == "EncoderClassifier":
+        classes = config.num_classes or 0
+        return stack + c * classes + classes
+    head = 0 if config.tie_embeddings else c * v + v
+    if model == "EncoderDecoder":  # a second stack whose blocks also cross-attend
+        return 2 * stack + config.layers * (4 * (c * c + c) + norm) + head
+    return stack + head
+
+
+def activation_count(config, batch: int, model: str = "DecoderLM") -> int:
+    """Numbers one training step of ``batch`` sequences of ``max_len`` keeps for its backward
+    pass (a lower bound; see the module docstring)."""
+    c, f, t = config.width, config.ffn_width, config.max_len
+    hidden = 3 * f if config.activation == "swiglu" else 2 * f
+    probs = config.heads * t if config.backend == "numpy" else 0
+    block = 6 * c + hidden + probs  # per position
+    stacks = 2 if model == "EncoderDecoder" else 1
+    out = (config.num_classes or 0) if model == "EncoderClassifier" else config.vocab
+    return batch * t * (stacks * config.layers * block + c + 2 * out)
+
+
+def training_bytes(config, model: str, batch: int, steps: int, eval_batch: int = 0,
+                   schedule: bool = True) -> dict[str, int]:
+    """Bytes a training run of ``model`` holds, by part.
+
+    ``eval_batch``: sequences of a held-out evaluation, when more than ``batch``;
+    ``schedule``: whether the run draws its (steps, batch) window starts up front (the LM).
+    """
+    itemsize = _itemsize(config)
+    return {"weights, gradients and Adam's moments": 4 * weight_count(config, model) * itemsize,
+            "activations of a step": activation_count(config, max(batch, eval_batch), model)
+            * itemsize,
+            "window schedule": steps * batch * SCHEDULE_ITEM if schedule else 0}
+
+
+# --------------------------------------------------------------------------------------------
+# The check
+# --------------------------------------------------------------------------------------------
+
+def _label(name: str, value: int) -> str:
+    return f"{name}={value}"
+
+
+def check_fits(needs: Callable[[dict[str, int]], dict[str, int]], sizes: dict[str, int],
+               label: Callable[[str, int], str] = _label) -> None:
+    """Raise ``ValueError`` if what ``needs(sizes)`` estimates exceeds the memory available.
+
+    Parameters
+    ----------
+    needs : callable
+        Maps the sizes to the bytes of each part (e.g. :func:`training_bytes`).
+    sizes : dict of str to int
+        The sizes the estimate depends on, by name. The one named in the message is the one
+        that matters most: set to 1, it shrinks the estimate the most.
+    label : callable (name, value) -> str
+        How the message names a size (``"max_len=100"``; the command line: ``"--context 100"``).
+    """
+    parts = needs(sizes)
+    total = sum(parts.values())
+    available = available_memory()
+    if available is None or total <= available:
+        return
+    culprit = min(sizes, key=lambda name: sum(needs({**sizes, name: 1}).values()))
+    detail = ", ".join(f"{part} {format_bytes(n)}" for part, n in parts.items() if n)
+    raise ValueError(f"{label(culprit, sizes[culprit])} is too large: it needs at least "
+                     f"{format_bytes(total)} of memory ({detail}) and "
+                     f"{format_bytes(available)} is available")
+
+
+def check_config_fits(config) -> None:
+    """:func:`check_fits` for the weights of the smallest model ``config`` can build.
+
+    Raises
+    ------
+    ValueError
+        If the weights alone exceed the memory available.
+    """
+    def needs(sizes: dict[str, int]) -> dict[str, int]:
+        sized = dataclasses.replace(config, **sizes)
+        return {"weights": min(weight_count(sized, m) for m in MODEL_KINDS) * _itemsize(config)}
+
+    check_fits(needs, {k: getattr(config, k) for k in SIZES})
+
+
+def check_training_fits(config, model: str, batch: int, steps: int, eval_batch: int = 0,
+                        schedule: bool = True, label: Callable[[str, int], str] = _label) -> None:
+    """:func:`check_fits` for a training run (:func:`training_bytes`); ``batch`` and ``steps``
+    are sizes like the config's.
+
+    Raises
+    ------
+    ValueError
+        If the run cannot fit in the memory available.
+    """
+    def needs(sizes: dict[str, int]) -> dict[str, int]:
+        model_sizes = {k: v for k, v in sizes.items() if k in SIZES}
+        return training_bytes(dataclasses.replace(config, **model_sizes), model,
+                              sizes["batch"], sizes["steps"], eval_batch, schedule)
+
+    sizes = {k: getattr(config, k) for k in SIZES}
+    check_fits(needs, {**sizes, "batch": batch, "steps": steps}, label)
