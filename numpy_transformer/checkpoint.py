@@ -19,9 +19,8 @@ JSON travels as a 0-d unicode array (``np.array(json_str)``) so the file is read
 ``np.load(allow_pickle=False)``: a checkpoint holds numbers and text only, and loading one
 can never execute code (a pickled object array is refused by NumPy itself).
 
-Writes are atomic: the file is written to a temporary name in the same folder, flushed and
-fsync'ed, renamed over the old one with ``os.replace`` and the folder is fsync'ed, so a crash
-or a kill at any moment leaves either the old checkpoint or the new one, never half of one.
+Writes are atomic (``files.py``): a crash or a kill at any moment leaves either the old
+checkpoint or the new one, never half of one.
 
 Every problem found on loading raises :class:`CheckpointError` (a ``ValueError``) with one
 line naming the file and the problem.
@@ -31,8 +30,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -41,15 +38,14 @@ from pathlib import Path
 import numpy as np
 
 from ._checks import check_file
+from .files import atomic_write
 from .memory import check_fits, format_bytes
 from .train import NonFiniteError
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "Checkpoint", "save_checkpoint",
-           "load_checkpoint", "atomic_write_bytes", "atomic_write_text", "dropout_layers",
-           "rng_states", "set_rng_states"]
+           "load_checkpoint", "dropout_layers", "rng_states", "set_rng_states"]
 
 FORMAT_VERSION = 1
-TMP_SUFFIX = ".tmp"  # of the temporary files of atomic writes
 JSON_KEYS = ("optimizer", "rng", "config", "options", "tokenizer", "meta")
 REQUIRED_KEYS = ("format_version", "step") + JSON_KEYS
 OPTIMIZER_KEYS = {"kind", "t", "lr", "beta1", "beta2", "eps", "weight_decay"}
@@ -130,83 +126,6 @@ def set_rng_states(generators: dict[str, np.random.Generator], states: dict[str,
 
 
 # --------------------------------------------------------------------------------------------
-# Atomic writes
-# --------------------------------------------------------------------------------------------
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (POSIX: the directory entry lives in the folder)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # e.g. Windows cannot open a directory; the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def temporary_names(path: str | Path) -> str:
-    """The glob pattern of the temporary files :func:`_atomic_write` makes beside ``path``:
-    one a kill left behind can be removed once no process writes the folder."""
-    return f".{Path(path).name}.*{TMP_SUFFIX}"
-
-
-def _naming(path: Path, e: OSError) -> OSError:
-    """``e`` as the same kind of error about ``path``."""
-    return OSError(e.errno, e.strerror, str(path)) if e.errno else e
-
-
-def _atomic_write(path: Path, write) -> None:
-    """Call ``write(file)`` on a temporary file beside ``path``, then rename it over ``path``.
-
-    Raises
-    ------
-    OSError
-        If the folder cannot be written (read-only, disk full, a file-size limit); its
-        ``filename`` is ``path`` (not the temporary file's) and ``path`` is left as it was.
-    """
-    path = Path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
-    except OSError as e:
-        raise _naming(path, e) from None
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give it an ordinary file's mode
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(e, OSError):  # a write error has no file name; the temporary one is noise
-            raise _naming(path, e) from None
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, whole."""
-    _atomic_write(Path(path), lambda f: f.write(data))
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """:func:`atomic_write_bytes` for UTF-8 text."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-# --------------------------------------------------------------------------------------------
 # Saving
 # --------------------------------------------------------------------------------------------
 
@@ -266,7 +185,7 @@ def save_checkpoint(path: str | Path, *, step: int, model, optimizer, rng: dict[
     for key, value in (("optimizer", scalars), ("rng", rng), ("config", config),
                        ("options", options), ("tokenizer", tokenizer), ("meta", meta or {})):
         arrays[key] = _json_array(value)
-    _atomic_write(Path(path), lambda f: np.savez(f, **arrays))
+    atomic_write(Path(path), lambda f: np.savez(f, **arrays))
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import atomic_write_bytes
+from .files import atomic_write_bytes
 
 
 def _save(fig, path: Path) -> None:

@@ -20,13 +20,8 @@ import time
 from pathlib import Path
 
 from .._checks import check_file
-from ..checkpoint import (
-    CheckpointError,
-    atomic_write_text,
-    decode_json,
-    load_checkpoint,
-    temporary_names,
-)
+from ..checkpoint import CheckpointError, decode_json, load_checkpoint
+from ..files import atomic_write_text, temporary_names
 from .options import CHECKPOINT, CONFIG, LOG, RUN_FILES, UsageError, default_run_folder, say
 
 try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import atomic_write_text
+from ..files import atomic_write_text
 from ..generate import generate
 from ..plots import attention_plot, loss_plot
 from .folder import log_path, read_log
