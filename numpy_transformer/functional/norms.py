@@ -12,10 +12,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._checks import check_float, check_last_dim
+from .._checks import check_float, check_last_dim, check_shaped
 
 # The operations of the backends (numpy_transformer.backend)
 __all__ = ['layer_norm_forward', 'layer_norm_backward', 'rms_norm_forward', 'rms_norm_backward']
+
+
+def check_norm_parameters(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> None:
+    """Raise ``ValueError`` unless the gain ``w`` (and shift ``b``) are (C,), C = x's last axis."""
+    for name, p in (("w", w), ("b", b)):
+        if p is not None:
+            check_shaped(name, p, x.shape[-1:], what="x's last axis")
 
 
 class LayerNormCache(NamedTuple):
@@ -47,6 +54,7 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
     """
     check_float("x", x)
     check_last_dim("x", x, w.shape[0])
+    check_norm_parameters(x, w, b)
     mu = x.mean(axis=-1, keepdims=True)  # (1) (..., 1)
     xc = x - mu
     var = (xc * xc).mean(axis=-1, keepdims=True)
@@ -58,6 +66,7 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
 def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
     """Returns ``(dx, dw, db)``, each shaped like the forward's ``x``, ``w``, ``b``."""
     x_hat, w, rstd = cache
+    check_shaped("dout", dout, x_hat.shape)
     lead = tuple(range(dout.ndim - 1))
     # (3) out = x_hat * w + b   =>   dw = sum dout * x_hat,  db = sum dout,  dx_hat = dout * w
     dw = (dout * x_hat).sum(axis=lead)
@@ -97,6 +106,7 @@ def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
     """
     check_float("x", x)
     check_last_dim("x", x, w.shape[0])
+    check_norm_parameters(x, w)
     eps = np.finfo(x.dtype).eps if eps is None else eps
     rrms = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + x.dtype.type(eps))  # (1)
     x_hat = x * rrms  # (2)
@@ -106,6 +116,7 @@ def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
 def rms_norm_backward(dout: np.ndarray, cache: RMSNormCache):
     """Returns ``(dx, dw)``, shaped like the forward's ``x`` and ``w``."""
     x_hat, w, rrms = cache
+    check_shaped("dout", dout, x_hat.shape)
     # (3) out = x_hat * w   =>   dw = sum dout * x_hat,  dx_hat = dout * w
     dw = (dout * x_hat).sum(axis=tuple(range(dout.ndim - 1)))
     dxh = dout * w

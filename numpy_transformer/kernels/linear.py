@@ -40,10 +40,11 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .._checks import check_float, check_last_dim
+from .._checks import check_float, check_shaped
 from ..functional import linear as reference
-from ..functional.linear import LinearCache
+from ..functional.linear import LinearCache, check_heads, check_linear_inputs
 from ..threads import blas_on_calling_thread
+from ._validate import check_cache, check_consistent, check_kernel_float
 from .blas import gemm, gemm_address
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
@@ -125,6 +126,17 @@ def _backward_kernel(dout, x, w, has_bias, n_chunks, gemm_fn, dx, dw_part, db_pa
                     acc[j] += g[i, j]
 
 
+def _check_inputs(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> None:
+    """The reference's checks, and one dtype the kernels are compiled for."""
+    check_linear_inputs(x, w, b)
+    for name, a in (("x", x), ("w", w), ("b", b)):
+        if a is not None:
+            check_kernel_float(name, a)
+            if a.dtype != x.dtype:
+                raise ValueError(f"{name} must be {x.dtype} like x on the numba backend, got "
+                                 f"{a.dtype}")
+
+
 def _operands(x: np.ndarray, w: np.ndarray, b: np.ndarray | None):
     """``(x2, w, bias, has_bias)`` for the forward kernels: x as C-contiguous (N, C_in), all in
     NumPy's promoted dtype of ``x @ w + b``; without a bias, ``w[0]`` is an unused stand-in."""
@@ -137,8 +149,7 @@ def _operands(x: np.ndarray, w: np.ndarray, b: np.ndarray | None):
 
 def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
     """Affine map over the last axis; see ``functional.linear.linear_forward``."""
-    check_float("x", x)
-    check_last_dim("x", x, w.shape[0])
+    _check_inputs(x, w, b)
     if _use_reference(x.size // w.shape[0]):
         return reference.linear_forward(x, w, b)
     x2, w, bias, has_bias = _operands(x, w, b)  # x2: (N, C_in)
@@ -152,8 +163,14 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
 
 def linear_backward(dout: np.ndarray, cache: LinearCache):
     """Returns ``(dx, dw, db)``; see ``functional.linear.linear_backward``."""
+    check_cache(cache, LinearCache, "linear_forward")
     x, w, has_bias = cache
+    check_consistent(cache, isinstance(x, np.ndarray) and isinstance(w, np.ndarray)
+                     and w.ndim == 2 and x.ndim >= 1 and x.shape[-1] == w.shape[0]
+                     and x.dtype == w.dtype)
+    check_kernel_float("cache.x", x)
     c_in, c_out = w.shape
+    check_shaped("dout", dout, x.shape[:-1] + (c_out,), x.dtype)
     x2 = x.reshape(-1, c_in)
     n = x2.shape[0]
     if _use_reference(n):
@@ -182,7 +199,8 @@ def linear_heads_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, gro
     ``linear_forward``'s and ``linear_backward``'s.
     """
     check_float("x", x, ndim=3)
-    check_last_dim("x", x, w.shape[0])
+    _check_inputs(x, w, b)
+    check_heads(w, groups, heads)
     if _use_reference(x.size // w.shape[0]):
         return reference.linear_heads_forward(x, w, b, groups, heads)
     bsz, t, _ = x.shape
