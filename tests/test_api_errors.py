@@ -156,6 +156,19 @@ def test_backward_refuses_a_misshapen_gradient(name, backend):
     module.backward(arr(*out.shape, seed=3))  # the control: a right gradient runs
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("norm", [nn.LayerNorm, nn.RMSNorm])
+def test_norm_backward_residual_checks_as_backward(norm, backend):
+    module = norm(C, backend=backend)
+    with pytest.raises(ValueError, match="needs a forward first"):
+        module.backward_residual(arr(B, T, C), arr(B, T, C))
+    module(arr(B, T, C))
+    with pytest.raises(ValueError, match="dout must have shape"):
+        module.backward_residual(arr(1, T, C), arr(B, T, C))
+    with pytest.raises(ValueError, match="dres must have shape"):
+        module.backward_residual(arr(B, T, C), arr(1, T, C))
+
+
 def test_positions_added_by_the_embeddings_take_any_batch():
     """Embeddings add the position rows themselves (``addend``): the backward then takes
     (B, T, C) for any B, but still refuses another T or C."""

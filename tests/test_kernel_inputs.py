@@ -121,6 +121,8 @@ def _gemm_args():
     return a, b, np.empty((6, 5)), blas.gemm_address(np.float64)
 
 
+_PROMOTED = ("1:other float", "2:other float")  # w, b: x @ w + b in NumPy's promoted dtype
+
 CASES = {
     "relu_forward": Case(activations.relu_forward, _x),
     "relu_backward": Case(activations.relu_backward, _backward(activations.relu_forward, _x),
@@ -139,7 +141,10 @@ CASES = {
                          lambda: (*_group(), np.ones(2), np.zeros(2), *_ADAM_SCALARS),
                          bound=(1, 2, 3, 4, 5)),
     "sdpa_forward": Case(attention.sdpa_forward, _sdpa_args, bound=(1, 2, 3, 4),
-                         accepts=("4:float16", "4:other float")),  # bias: converted to q's
+                         # the bias is converted to q's dtype; mask and bias broadcast to
+                         # (B, H, T_q, T_k): (1, T_k) and (2, H, T_q, T_k) both do
+                         accepts=("4:float16", "4:other float", "3:one row",
+                                  "4:one row more")),
     "sdpa_backward": Case(attention.sdpa_backward, _sdpa_backward_args, bound=(0, 2),
                           caches=(1,)),
     "gemm": Case(blas.gemm, _gemm_args, bound=(0, 1, 2)),
@@ -155,12 +160,14 @@ CASES = {
     "relu_ffn_backward": Case(feedforward.relu_ffn_backward,
                               _backward(feedforward.relu_ffn_forward, _ffn_args), bound=(0,),
                               caches=(1,)),
-    "linear_forward": Case(linear.linear_forward, _linear_args, bound=(1, 2)),
+    "linear_forward": Case(linear.linear_forward, _linear_args, bound=(1, 2),
+                           accepts=_PROMOTED),
     "linear_backward": Case(linear.linear_backward,
                             _backward(linear.linear_forward, _linear_args), bound=(0,),
                             caches=(1,)),
     "linear_heads_forward": Case(linear.linear_heads_forward,
-                                 lambda: (*_linear_args(), 3, 2), bound=(1, 2)),
+                                 lambda: (*_linear_args(), 3, 2), bound=(1, 2),
+                                 accepts=_PROMOTED),
     "layer_norm_forward": Case(norms.layer_norm_forward, _norm_args, bound=(1, 2),
                                accepts=("1:float16", "1:other float", "2:float16",
                                         "2:other float")),  # w, b: cast to x's dtype

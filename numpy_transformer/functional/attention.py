@@ -49,11 +49,11 @@ def check_attention_inputs(q, k, v, mask=None, bias=None, scale=None) -> None:
     for name, m in (("mask", mask), ("bias", bias)):
         if m is None:
             continue
+        if name == "bias":
+            check_float("bias", m)  # an array, as q, k, v (a mask may be any array-like)
         m = np.asarray(m)
         if name == "mask" and m.dtype != np.bool_:
             raise ValueError(f"mask must be boolean (True = may attend), got dtype {m.dtype}")
-        if name == "bias":
-            check_float("bias", m)
         try:
             shape = np.broadcast_shapes(m.shape, scores_shape)
         except ValueError:

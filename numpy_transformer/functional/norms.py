@@ -18,11 +18,13 @@ from .._checks import check_float, check_last_dim, check_shaped
 __all__ = ['layer_norm_forward', 'layer_norm_backward', 'rms_norm_forward', 'rms_norm_backward']
 
 
-def check_norm_parameters(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> None:
-    """Raise ``ValueError`` unless the gain ``w`` (and shift ``b``) are (C,), C = x's last axis."""
-    for name, p in (("w", w), ("b", b)):
-        if p is not None:
-            check_shaped(name, p, x.shape[-1:], what="x's last axis")
+def check_norm_inputs(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> None:
+    """Raise ``ValueError`` unless x is (..., C) and the gain ``w`` (and shift ``b``) are (C,)."""
+    check_float("x", x)
+    check_float("w", w, ndim=1)
+    check_last_dim("x", x, w.shape[0])
+    if b is not None:
+        check_shaped("b", b, w.shape, what="w")
 
 
 class LayerNormCache(NamedTuple):
@@ -52,9 +54,7 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
     (2) x_hat = (x - mu) * rstd,  rstd = 1 / sqrt(var + eps)
     (3) out = x_hat * w + b
     """
-    check_float("x", x)
-    check_last_dim("x", x, w.shape[0])
-    check_norm_parameters(x, w, b)
+    check_norm_inputs(x, w, b)
     mu = x.mean(axis=-1, keepdims=True)  # (1) (..., 1)
     xc = x - mu
     var = (xc * xc).mean(axis=-1, keepdims=True)
@@ -104,9 +104,7 @@ def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
     -----
     (1) rrms = 1 / sqrt(mean_C x^2 + eps)   (2) x_hat = x * rrms   (3) out = x_hat * w
     """
-    check_float("x", x)
-    check_last_dim("x", x, w.shape[0])
-    check_norm_parameters(x, w)
+    check_norm_inputs(x, w)
     eps = np.finfo(x.dtype).eps if eps is None else eps
     rrms = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + x.dtype.type(eps))  # (1)
     x_hat = x * rrms  # (2)

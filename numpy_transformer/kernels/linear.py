@@ -127,14 +127,12 @@ def _backward_kernel(dout, x, w, has_bias, n_chunks, gemm_fn, dx, dw_part, db_pa
 
 
 def _check_inputs(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> None:
-    """The reference's checks, and one dtype the kernels are compiled for."""
+    """The reference's checks, and dtypes the kernels are compiled for (mixed ones are
+    promoted as NumPy would, by ``_operands``)."""
     check_linear_inputs(x, w, b)
     for name, a in (("x", x), ("w", w), ("b", b)):
         if a is not None:
             check_kernel_float(name, a)
-            if a.dtype != x.dtype:
-                raise ValueError(f"{name} must be {x.dtype} like x on the numba backend, got "
-                                 f"{a.dtype}")
 
 
 def _operands(x: np.ndarray, w: np.ndarray, b: np.ndarray | None):
@@ -166,14 +164,14 @@ def linear_backward(dout: np.ndarray, cache: LinearCache):
     check_cache(cache, LinearCache, "linear_forward")
     x, w, has_bias = cache
     check_consistent(cache, isinstance(x, np.ndarray) and isinstance(w, np.ndarray)
-                     and w.ndim == 2 and x.ndim >= 1 and x.shape[-1] == w.shape[0]
-                     and x.dtype == w.dtype)
+                     and w.ndim == 2 and x.ndim >= 1 and x.shape[-1] == w.shape[0])
     check_kernel_float("cache.x", x)
+    check_kernel_float("cache.w", w)
     c_in, c_out = w.shape
-    check_shaped("dout", dout, x.shape[:-1] + (c_out,), x.dtype)
+    check_shaped("dout", dout, x.shape[:-1] + (c_out,), np.result_type(x, w))
     x2 = x.reshape(-1, c_in)
     n = x2.shape[0]
-    if _use_reference(n):
+    if _use_reference(n) or x.dtype != w.dtype:  # few rows; or the reference's own cache
         return reference.linear_backward(dout, cache)
     dout2 = np.ascontiguousarray(dout, dtype=x.dtype).reshape(-1, c_out)  # (N, C_out)
     chunks = _chunks(n)

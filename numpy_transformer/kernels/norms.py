@@ -46,8 +46,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .._checks import check_last_dim, check_scalar, check_shaped
-from ..functional.norms import LayerNormCache, RMSNormCache, check_norm_parameters
+from .._checks import check_scalar, check_shaped
+from ..functional.norms import LayerNormCache, RMSNormCache, check_norm_inputs
 from ._validate import check_cache, check_consistent, check_kernel_float
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
@@ -73,9 +73,8 @@ def _rows(a: np.ndarray) -> np.ndarray:
 
 def _check_inputs(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps) -> None:
     """The reference's checks, and one dtype the kernels are compiled for."""
+    check_norm_inputs(x, w, b)
     check_kernel_float("x", x)
-    check_last_dim("x", x, w.shape[0])
-    check_norm_parameters(x, w, b)
     if eps is not None:
         check_scalar("eps", eps)
 
