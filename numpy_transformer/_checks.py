@@ -47,8 +47,12 @@ def check_shaped(name: str, x: object, shape: tuple[int, ...], dtype=None,
 
 
 def check_scalar(name: str, value: object) -> None:
-    """Raise ``ValueError`` unless ``value`` is one real number (not an array, not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+    """Raise ``ValueError`` unless ``value`` is one real number: a Python or NumPy number or a
+    0-d array of one (a gradient check's random upstream gradient of a scalar loss), not a
+    bool and not an array with an axis."""
+    number = isinstance(value, (int, float, np.integer, np.floating)) or (
+        isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iuf")
+    if isinstance(value, bool) or not number:
         raise ValueError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
 
 

@@ -68,9 +68,15 @@ class ParameterSet:
 
     Parameters
     ----------
-    ps, gs, ms, vs : sequences of C-contiguous ndarrays
+    ps, gs, ms, vs : sequences of C-contiguous, writeable ndarrays
         Parameters, gradients, first and second moments; the k-th of each have one shape,
-        and all one float dtype. The views made here write through to them.
+        and all one dtype, float32 or float64. The views made here write through to them.
+
+    Raises
+    ------
+    ValueError
+        If the arrays do not fit that description (checked once, here; :meth:`update` checks
+        its own arguments).
     """
 
     def __init__(self, ps: Sequence[np.ndarray], gs: Sequence[np.ndarray],
@@ -78,10 +84,9 @@ class ParameterSet:
         arrays = (ps, gs, ms, vs)
         _check_arrays(ps, gs, ms, vs)
         for group_name, group in zip("pgmv", arrays, strict=True):
-            for k, x in enumerate(group):
-                if not x.flags.c_contiguous or (group_name != "g" and not x.flags.writeable):
-                    raise ValueError(f"{group_name}s[{k}] must be C-contiguous"
-                                     f"{'' if group_name == 'g' else ' and writeable'}")
+            for k, x in enumerate(group):  # (one Numba type for all: writeable, C order)
+                if not (x.flags.c_contiguous and x.flags.writeable):
+                    raise ValueError(f"{group_name}s[{k}] must be C-contiguous and writeable")
         self.dtype = ps[0].dtype
         self.lists = tuple(List([x.reshape(-1) for x in group]) for group in arrays)
         table = [(k, lo, min(p.size, lo + _BLOCK))
