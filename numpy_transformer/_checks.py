@@ -16,7 +16,9 @@ import numpy as np
 
 
 def check_float(name: str, x: object, ndim: int | tuple[int, ...] | None = None) -> np.ndarray:
-    """Return ``x`` if it is a floating ndarray of the expected rank, else raise ``ValueError``."""
+    """Return ``x`` if it is a non-empty floating ndarray of the expected rank, else raise
+    ``ValueError``. An axis of length 0 (no tokens, no features) is refused: nothing in the
+    library has a meaning for it, and the kernels would index outside it."""
     if not isinstance(x, np.ndarray):
         raise ValueError(f"{name} must be a NumPy array, got {type(x).__name__}")
     if x.dtype.kind != "f":  # np.issubdtype(x.dtype, np.floating), 20x faster
@@ -26,7 +28,35 @@ def check_float(name: str, x: object, ndim: int | tuple[int, ...] | None = None)
         if x.ndim not in allowed:
             raise ValueError(f"{name} must have {' or '.join(map(str, allowed))} dimensions, "
                              f"got shape {x.shape}")
+    if x.size == 0:
+        raise ValueError(f"{name} has an axis of length 0 (shape {x.shape}): nothing to compute")
     return x
+
+
+def check_shaped(name: str, x: object, shape: tuple[int, ...], dtype=None,
+                 what: str = "the forward's output") -> np.ndarray:
+    """Return ``x`` if it is a float array of exactly ``shape`` (and ``dtype``, if given), else
+    raise ``ValueError`` saying it should be shaped like ``what``. Used for an upstream gradient
+    against the forward's output, and for parameters against their input.
+
+    Exact, not broadcast: a one-row gradient must not be spread silently over every row.
+    """
+    check_float(name, x)
+    if x.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} like {what}, got {x.shape}")
+    if dtype is not None and x.dtype != dtype:
+        raise ValueError(f"{name} must be {np.dtype(dtype)} like {what}, got {x.dtype}")
+    return x
+
+
+def check_scalar(name: str, value: object) -> None:
+    """Raise ``ValueError`` unless ``value`` is one real number: a Python or NumPy number or a
+    0-d array of one (a gradient check's random upstream gradient of a scalar loss), not a
+    bool and not an array with an axis."""
+    number = isinstance(value, (int, float, np.integer, np.floating)) or (
+        isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iuf")
+    if isinstance(value, bool) or not number:
+        raise ValueError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
 
 
 def check_ids(name: str, ids: object, vocab: int) -> np.ndarray:

@@ -34,9 +34,19 @@ def _check_positive_int(name: str, value: object) -> int:
     return int(value)
 
 
-def _code_points(text: str) -> np.ndarray:
-    """The Unicode code points of ``text`` as a uint32 array, without a Python loop."""
-    return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+def _code_points(name: str, text: str) -> np.ndarray:
+    """The Unicode code points of ``text`` as a uint32 array, without a Python loop.
+
+    Raises ``ValueError`` naming ``name`` for a lone surrogate (U+D800 to U+DFFF): half of a
+    UTF-16 pair, which Python strings can hold (from ``surrogateescape`` decoding, say) but
+    which is no character.
+    """
+    try:
+        return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    except UnicodeEncodeError as error:
+        pos = error.start
+        raise ValueError(f"{name} holds a lone surrogate U+{ord(text[pos]):04X} at position "
+                         f"{pos}: half of a UTF-16 pair, not a character") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -73,8 +83,11 @@ class CharTokenizer:
             raise ValueError(f"a tokenizer needs a non-empty text to take characters from, "
                              f"got {text!r}")
         self.chars: list[str] = sorted(set(text))  # id -> character
+        for char in self.chars:  # each distinct character once, to say where a bad one is
+            if "\ud800" <= char <= "\udfff":
+                _code_points("text", text[:text.index(char) + 1])  # raises
         # Sorted by code point, so searchsorted maps a code point to its id.
-        self._codes = _code_points("".join(self.chars))  # (V,) uint32, increasing
+        self._codes = _code_points("text", "".join(self.chars))  # (V,) uint32, increasing
         if replacement is not None and (not isinstance(replacement, str)
                                         or len(replacement) != 1
                                         or replacement not in self.chars):
@@ -117,7 +130,7 @@ class CharTokenizer:
                              "tokenizer is built: CharTokenizer(text, replacement=...)")
         if not isinstance(text, str):
             raise ValueError(f"encode takes a str, got {type(text).__name__}")
-        codes = _code_points(text)  # (N,)
+        codes = _code_points("text", text)  # (N,)
         ids = np.searchsorted(self._codes, codes).astype(np.int64)  # (N,) candidate ids
         known = self._codes[np.minimum(ids, self.vocab_size - 1)] == codes
         if known.all():

@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._checks import check_shaped
+
 # The operations of the backends (numpy_transformer.backend)
 __all__ = [
     'relu_forward', 'relu_backward', 'gelu_forward', 'gelu_backward', 'gelu_tanh_forward',
@@ -44,6 +46,7 @@ def relu_forward(x: np.ndarray):
 
 def relu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``dx = dout * [x > 0]`` (the subgradient 0 is used at x = 0, as PyTorch does)."""
+    check_shaped("dout", dout, x.shape)
     return dout * (x > 0)
 
 
@@ -55,6 +58,7 @@ def gelu_forward(x: np.ndarray):
 
 def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``d/dx [x Phi(x)] = Phi(x) + x phi(x)``, phi the standard normal density."""
+    check_shaped("dout", dout, x.shape)
     cdf = 0.5 * (1.0 + erf(x / math.sqrt(2.0)))
     pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
     return dout * (cdf + x * pdf)
@@ -77,6 +81,7 @@ def gelu_tanh_forward(x: np.ndarray):
 def gelu_tanh_backward(dout: np.ndarray, cache) -> np.ndarray:
     """``d out/dx = (1 + th)/2 + x/2 (1 - th^2) K (1 + 3 A x^2)``."""
     x, th = cache
+    check_shaped("dout", dout, x.shape)
     return dout * (0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * _K * (1.0 + 3.0 * _A * x * x))
 
 
@@ -90,6 +95,7 @@ def silu_forward(x: np.ndarray):
 def silu_backward(dout: np.ndarray, cache) -> np.ndarray:
     """``d/dx [x s(x)] = s (1 + x (1 - s))``."""
     x, sig = cache
+    check_shaped("dout", dout, x.shape)
     return dout * sig * (1.0 + x * (1.0 - sig))
 
 
@@ -106,6 +112,7 @@ def swiglu_forward(gate: np.ndarray, up: np.ndarray):
     -----
     (1) a = silu(gate)   (2) out = a * up
     """
+    check_shaped("up", up, np.shape(gate), what="gate")
     a, silu_cache = silu_forward(gate)  # (1)
     return a * up, SwiGLUCache(up, a, silu_cache)  # (2)
 
@@ -113,6 +120,7 @@ def swiglu_forward(gate: np.ndarray, up: np.ndarray):
 def swiglu_backward(dout: np.ndarray, cache: SwiGLUCache):
     """Returns ``(dgate, dup)``."""
     up, a, silu_cache = cache
+    check_shaped("dout", dout, up.shape)
     dup = dout * a  # (2) out = a * up  =>  dup = dout a,  da = dout up
     dgate = silu_backward(dout * up, silu_cache)  # (1) a = silu(gate)
     return dgate, dup
@@ -135,4 +143,7 @@ def dropout_forward(x: np.ndarray, p: float, rng: np.random.Generator, training:
 
 def dropout_backward(dout: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
     """``dx = dout * m`` with the forward's mask ``m`` (identity when the forward was)."""
-    return dout if keep is None else dout * keep
+    if keep is None:  # the forward was the identity, and kept nothing to check dout against
+        return dout
+    check_shaped("dout", dout, keep.shape)
+    return dout * keep

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .._checks import check_shaped
+
 # The operations of the backends (numpy_transformer.backend)
 __all__ = ['adam_update', 'adam_update_group']
 
@@ -48,6 +50,8 @@ def adam_update(p, g, m, v, decay, l2, w1, beta2, w2, bc2_sqrt, eps, neg_step) -
         ``w1 = 1 - beta1``, ``w2 = 1 - beta2``, ``bc2_sqrt = sqrt(1 - beta2**t)``,
         ``neg_step = -lr / (1 - beta1**t)``.
     """
+    for name, x in (("g", g), ("m", m), ("v", v)):
+        check_shaped(name, x, p.shape, what="the parameter p")
     if l2 != 0:  # (0) Adam's coupled L2 term joins the gradient: g = g + wd * p
         g = g + l2 * p
     if decay != 1:  # (1) AdamW: p = p * (1 - lr * wd)
@@ -72,5 +76,9 @@ def adam_update_group(ps: Sequence[np.ndarray], gs: Sequence[np.ndarray],
                       l2s: np.ndarray, w1, beta2, w2, bc2_sqrt, eps, neg_step) -> None:
     """:func:`adam_update` of every parameter of one dtype; ``decays[i]`` and ``l2s[i]`` are
     parameter i's, the other scalars are shared (all of the parameters' dtype)."""
+    for name, values in (("decays", decays), ("l2s", l2s)):
+        if np.shape(values) != (len(ps),):
+            raise ValueError(f"{name} must hold one value per parameter, {len(ps)}, got shape "
+                             f"{np.shape(values)}")
     for i, (p, g, m, v) in enumerate(zip(ps, gs, ms, vs, strict=True)):
         adam_update(p, g, m, v, decays[i], l2s[i], w1, beta2, w2, bc2_sqrt, eps, neg_step)

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._checks import check_float
+from .._checks import check_float, check_scalar, check_shaped
 
 # The operations of the backends (numpy_transformer.backend)
 __all__ = ['sdpa_forward', 'sdpa_backward', 'attention_weights']
@@ -32,8 +32,11 @@ class SDPACache(NamedTuple):
     scale: float
 
 
-def check_attention_inputs(q, k, v, mask=None, bias=None) -> None:
-    """Raise ``ValueError`` naming the offending value unless the inputs fit the contract."""
+def check_attention_inputs(q, k, v, mask=None, bias=None, scale=None) -> None:
+    """Raise ``ValueError`` naming the offending value unless the inputs fit the contract
+    (non-empty: T_q, T_k and D of 0 are refused)."""
+    if scale is not None:
+        check_scalar("scale", scale)
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_float(name, x, ndim=4)
     if not (q.dtype == k.dtype == v.dtype):
@@ -46,11 +49,11 @@ def check_attention_inputs(q, k, v, mask=None, bias=None) -> None:
     for name, m in (("mask", mask), ("bias", bias)):
         if m is None:
             continue
+        if name == "bias":
+            check_float("bias", m)  # an array, as q, k, v (a mask may be any array-like)
         m = np.asarray(m)
         if name == "mask" and m.dtype != np.bool_:
             raise ValueError(f"mask must be boolean (True = may attend), got dtype {m.dtype}")
-        if name == "bias":
-            check_float("bias", m)
         try:
             shape = np.broadcast_shapes(m.shape, scores_shape)
         except ValueError:
@@ -58,6 +61,21 @@ def check_attention_inputs(q, k, v, mask=None, bias=None) -> None:
         if shape != scores_shape:
             raise ValueError(f"{name} of shape {m.shape} does not broadcast to the scores "
                              f"(B, H, T_q, T_k) = {scores_shape}")
+
+
+def check_sdpa_grads(dout: np.ndarray, q: np.ndarray, t_k: int, out) -> None:
+    """Raise ``ValueError`` unless ``dout`` is shaped like the forward's output (q's shape and
+    dtype) and ``out`` is None or three writeable arrays of q's dtype shaped like q, k, v."""
+    check_shaped("dout", dout, q.shape, q.dtype)
+    if out is None:
+        return
+    b, h, t_q, d = q.shape
+    shapes = [(b, h, t_q, d), (b, h, t_k, d), (b, h, t_k, d)]
+    if not (isinstance(out, (tuple, list)) and len(out) == 3
+            and all(isinstance(o, np.ndarray) and o.shape == s and o.dtype == q.dtype
+                    and o.flags.writeable for o, s in zip(out, shapes, strict=False))):
+        raise ValueError(f"out must be three writeable {q.dtype} arrays shaped like q, k, v: "
+                         f"{shapes}")
 
 
 def scores_forward(q, k, mask=None, bias=None, scale=None):
@@ -82,7 +100,7 @@ def scores_forward(q, k, mask=None, bias=None, scale=None):
 
 def attention_weights(q, k, mask=None, bias=None, scale=None) -> np.ndarray:
     """The attention weights (B, H, T_q, T_k) for plotting; zero rows where nothing is visible."""
-    check_attention_inputs(q, k, k, mask, bias)
+    check_attention_inputs(q, k, k, mask, bias, scale)
     return scores_forward(q, k, mask, bias, scale)[0]
 
 
@@ -119,7 +137,7 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     ----------
     Vaswani et al., "Attention Is All You Need", 2017.
     """
-    check_attention_inputs(q, k, v, mask, bias)
+    check_attention_inputs(q, k, v, mask, bias, scale)
     probs, scale = scores_forward(q, k, mask, bias, scale)
     out = probs @ v  # (5) (B, H, T_q, D)
     return out, SDPACache(q, k, v, probs, scale)
@@ -133,6 +151,7 @@ def sdpa_backward(dout, cache: SDPACache, out=None):
     returned.
     """
     q, k, v, p, scale = cache
+    check_sdpa_grads(dout, q, k.shape[2], out)
     # (5) out = p v          =>  dv = p^T dout,  dp = dout v^T
     dv = p.swapaxes(-1, -2) @ dout  # (B, H, T_k, D)
     dp = dout @ v.swapaxes(-1, -2)  # (B, H, T_q, T_k)

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._checks import check_float, check_scalar, check_shaped
 from .activations import relu_backward, relu_forward
 from .embedding import embedding_backward, embedding_forward
 from .linear import LinearCache, linear_backward, linear_forward
@@ -35,12 +36,14 @@ __all__ = [
 def layer_norm_backward_residual(dout: np.ndarray, cache: LayerNormCache, dres: np.ndarray):
     """``(dres + dx, dw, db)``: :func:`layer_norm_backward` of ``dout``, plus ``dres``, the
     gradient that reached the norm's input around it (a residual connection)."""
+    check_shaped("dres", dres, cache.x_hat.shape, what="dout")
     dx, dw, db = layer_norm_backward(dout, cache)
     return dres + dx, dw, db
 
 
 def rms_norm_backward_residual(dout: np.ndarray, cache: RMSNormCache, dres: np.ndarray):
     """``(dres + dx, dw)``: :func:`rms_norm_backward` of ``dout``, plus ``dres``."""
+    check_shaped("dres", dres, cache.x_hat.shape, what="dout")
     dx, dw = rms_norm_backward(dout, cache)
     return dres + dx, dw
 
@@ -72,6 +75,7 @@ def relu_ffn_forward(x: np.ndarray, w1: np.ndarray, b1: np.ndarray, w2: np.ndarr
 def relu_ffn_backward(dout: np.ndarray, cache: FeedForwardCache):
     """Returns ``(dx, dw1, db1, dw2, db2)``, dx shaped like the forward's x."""
     x, h, w1, w2, shape = cache
+    check_shaped("dout", dout, shape)
     # (3) out = h w2 + b2
     dh, dw2, db2 = linear_backward(dout, LinearCache(h.reshape(shape[:-1] + h.shape[-1:]), w2,
                                                      True))
@@ -100,20 +104,34 @@ def embeddings_forward(ids: np.ndarray, table: np.ndarray, scale: float = 1.0,
     -----
     (1) e = table[ids]   (2) e = e * scale   (3) out = e + positions
     """
+    check_scalar("scale", scale)
     e, cache = embedding_forward(ids, table)  # (1) (B, T, C)
     e = e * scale  # (2)
+    if positions is not None:
+        check_shaped("positions", positions, e.shape[1:], what="(T, C) of ids and table")
     return (e if positions is None else e + positions), cache  # (3)
 
 
 def embeddings_backward(dout: np.ndarray, cache, scale: float = 1.0) -> np.ndarray:
     """``dtable`` (V, C) of :func:`embeddings_forward`; the position rows' gradient is the
     caller's (``dout`` summed over the batch, for a learned table)."""
+    check_scalar("scale", scale)
+    check_shaped("dout", dout, cache.ids.shape + cache.table_shape[1:])
     # (3) passes dout to e unchanged; (2) e = e * scale; (1) rows summed per id
     return embedding_backward(dout * scale, cache)
 
 
 # ----------------------------------------------------------------------------- residual
+def check_residual(x: np.ndarray, sub: np.ndarray) -> None:
+    """Raise ``ValueError`` unless x and sub are float arrays of one shape, sub writeable."""
+    check_float("sub", sub)
+    check_shaped("x", x, sub.shape, what="sub")
+    if not sub.flags.writeable:
+        raise ValueError("sub must be writeable: the sum is written into it")
+
+
 def add_into(x: np.ndarray, sub: np.ndarray) -> np.ndarray:
     """``sub += x`` in place (a residual addition into the sublayer's fresh output); returns
     ``sub``. Both share shape and dtype."""
+    check_residual(x, sub)
     return np.add(x, sub, out=sub)

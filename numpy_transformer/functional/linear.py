@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._checks import check_float, check_last_dim
+from .._checks import check_float, check_last_dim, check_positive, check_shaped
 
 # The operations of the backends (numpy_transformer.backend)
 __all__ = ['linear_forward', 'linear_backward', 'linear_heads_forward']
@@ -21,6 +21,24 @@ class LinearCache(NamedTuple):
     x: np.ndarray  # (..., C_in)
     w: np.ndarray  # (C_in, C_out)
     has_bias: bool
+
+
+def check_linear_inputs(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> None:
+    """Raise ``ValueError`` unless x is (..., C_in), w (C_in, C_out) and b None or (C_out,)."""
+    check_float("x", x)
+    check_float("w", w, ndim=2)
+    check_last_dim("x", x, w.shape[0])
+    if b is not None:
+        check_shaped("b", b, w.shape[1:], what="w's columns")
+
+
+def check_heads(w: np.ndarray, groups: int, heads: int) -> None:
+    """Raise ``ValueError`` unless w's columns split into ``groups`` x ``heads`` heads."""
+    check_positive("groups", groups, integer=True)
+    check_positive("heads", heads, integer=True)
+    if w.shape[1] % (groups * heads):
+        raise ValueError(f"w has {w.shape[1]} columns, which do not split into {groups} "
+                         f"groups of {heads} heads")
 
 
 def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
@@ -41,8 +59,7 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
     -----
     (1) out = x w + b
     """
-    check_float("x", x)
-    check_last_dim("x", x, w.shape[0])
+    check_linear_inputs(x, w, b)
     out = x @ w  # (1) (..., C_out)
     if b is not None:
         out += b
@@ -53,6 +70,7 @@ def linear_backward(dout: np.ndarray, cache: LinearCache):
     """Returns ``(dx, dw, db)``; ``db`` is ``None`` when the forward had no bias."""
     x, w, has_bias = cache
     c_in, c_out = w.shape
+    check_shaped("dout", dout, x.shape[:-1] + (c_out,))
     x2, dout2 = x.reshape(-1, c_in), dout.reshape(-1, c_out)  # fold all leading axes: (N, C)
     # (1) out = x w + b   =>   dx = dout w^T,  dw = x^T dout,  db = sum_N dout
     dx = (dout2 @ w.T).reshape(x.shape)
@@ -85,6 +103,8 @@ def linear_heads_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, gro
     cache : LinearCache
     """
     check_float("x", x, ndim=3)
+    check_linear_inputs(x, w, b)
+    check_heads(w, groups, heads)
     out, cache = linear_forward(x, w, b)  # (1) (B, T, S*H*D)
     bsz, t, c = out.shape
     return out.reshape(bsz, t, groups, heads, c // (groups * heads)).transpose(2, 0, 3, 1, 4), cache

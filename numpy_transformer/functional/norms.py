@@ -12,10 +12,19 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._checks import check_float, check_last_dim
+from .._checks import check_float, check_last_dim, check_shaped
 
 # The operations of the backends (numpy_transformer.backend)
 __all__ = ['layer_norm_forward', 'layer_norm_backward', 'rms_norm_forward', 'rms_norm_backward']
+
+
+def check_norm_inputs(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> None:
+    """Raise ``ValueError`` unless x is (..., C) and the gain ``w`` (and shift ``b``) are (C,)."""
+    check_float("x", x)
+    check_float("w", w, ndim=1)
+    check_last_dim("x", x, w.shape[0])
+    if b is not None:
+        check_shaped("b", b, w.shape, what="w")
 
 
 class LayerNormCache(NamedTuple):
@@ -45,8 +54,7 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
     (2) x_hat = (x - mu) * rstd,  rstd = 1 / sqrt(var + eps)
     (3) out = x_hat * w + b
     """
-    check_float("x", x)
-    check_last_dim("x", x, w.shape[0])
+    check_norm_inputs(x, w, b)
     mu = x.mean(axis=-1, keepdims=True)  # (1) (..., 1)
     xc = x - mu
     var = (xc * xc).mean(axis=-1, keepdims=True)
@@ -58,6 +66,7 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
 def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
     """Returns ``(dx, dw, db)``, each shaped like the forward's ``x``, ``w``, ``b``."""
     x_hat, w, rstd = cache
+    check_shaped("dout", dout, x_hat.shape)
     lead = tuple(range(dout.ndim - 1))
     # (3) out = x_hat * w + b   =>   dw = sum dout * x_hat,  db = sum dout,  dx_hat = dout * w
     dw = (dout * x_hat).sum(axis=lead)
@@ -95,8 +104,7 @@ def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
     -----
     (1) rrms = 1 / sqrt(mean_C x^2 + eps)   (2) x_hat = x * rrms   (3) out = x_hat * w
     """
-    check_float("x", x)
-    check_last_dim("x", x, w.shape[0])
+    check_norm_inputs(x, w)
     eps = np.finfo(x.dtype).eps if eps is None else eps
     rrms = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + x.dtype.type(eps))  # (1)
     x_hat = x * rrms  # (2)
@@ -106,6 +114,7 @@ def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
 def rms_norm_backward(dout: np.ndarray, cache: RMSNormCache):
     """Returns ``(dx, dw)``, shaped like the forward's ``x`` and ``w``."""
     x_hat, w, rrms = cache
+    check_shaped("dout", dout, x_hat.shape)
     # (3) out = x_hat * w   =>   dw = sum dout * x_hat,  dx_hat = dout * w
     dw = (dout * x_hat).sum(axis=tuple(range(dout.ndim - 1)))
     dxh = dout * w

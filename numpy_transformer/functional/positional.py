@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .._checks import check_even
+from .._checks import check_even, check_float
 
 # The operations of the backends (numpy_transformer.backend)
 __all__ = [
@@ -55,6 +55,18 @@ def rope_tables(length: int, head_width: int, base: float = 10000.0, dtype=np.fl
     return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
 
 
+def check_rotation(name: str, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
+    """Raise ``ValueError`` unless cos and sin are (T, D/2) and x is (..., T, D)."""
+    check_float(name, x, ndim=(2, 3, 4))
+    if np.ndim(cos) != 2 or np.shape(cos) != np.shape(sin):
+        raise ValueError(f"cos and sin must be (T, D/2) tables of one shape, got "
+                         f"{np.shape(cos)} and {np.shape(sin)}")
+    rows = (np.shape(cos)[0], 2 * np.shape(cos)[1])
+    if x.shape[-2:] != rows:
+        raise ValueError(f"{name} must end in (T, D) = {rows} like the RoPE tables cos and sin "
+                         f"(T, D/2), got shape {x.shape}")
+
+
 def rope_forward(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """Rotate each feature pair (2i, 2i+1) of the token at position p by the angle p theta_i.
 
@@ -73,8 +85,7 @@ def rope_forward(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     (1) out_2i = x_2i cos - x_2i+1 sin,  out_2i+1 = x_2i sin + x_2i+1 cos
     Since rotations compose, (R_p q) . (R_s k) = q . R_(s-p) k: the score sees only s - p.
     """
-    if x.shape[-1] % 2:
-        raise ValueError(f"RoPE needs an even head width, got {x.shape[-1]}")
+    check_rotation("x", x, cos, sin)
     even, odd = x[..., 0::2], x[..., 1::2]  # (B, H, T, D/2)
     out = np.empty_like(x)
     out[..., 0::2] = even * cos - odd * sin  # (1)
@@ -84,6 +95,7 @@ def rope_forward(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 def rope_backward(dout: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """The rotation is orthogonal, so its backward is the inverse rotation: angle -p theta_i."""
+    check_rotation("dout", dout, cos, sin)
     return rope_forward(dout, cos, -sin)  # (1) dx = R^T dout = R(-angle) dout
 
 

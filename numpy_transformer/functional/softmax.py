@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._checks import check_float
+from .._checks import check_float, check_scalar, check_shaped
 
 # The operations of the backends (numpy_transformer.backend)
 __all__ = [
@@ -37,6 +37,7 @@ def softmax_forward(x: np.ndarray):
 
 def softmax_backward(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``dx = y * (dy - sum_j dy_j y_j)``: the Jacobian ``diag(y) - y y^T`` applied, never built."""
+    check_shaped("dy", dy, y.shape)
     return y * (dy - (dy * y).sum(axis=-1, keepdims=True))
 
 
@@ -121,6 +122,7 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
 
 def cross_entropy_backward(dloss: float, cache: CrossEntropyCache) -> np.ndarray:
     """``dlogits = dloss * w_n (softmax(logits) - onehot(target))``, shaped like the logits."""
+    check_scalar("dloss", dloss)
     probs, targets, weight, shape = cache
     # (2), (1): d(-logp[n, t])/dlogits[n] = p[n] - onehot(t); counted rows carry weight 1/N
     dlogits = probs.copy()

@@ -22,6 +22,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .._checks import check_shaped
+from ._validate import check_kernel_float
 from .special import exp_shifted
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
@@ -53,14 +55,17 @@ def _relu_backward_kernel(dout, x, dx):  # pragma: no cover - compiled
 
 def relu_forward(x: np.ndarray):
     """``out = max(x, 0)``; returns ``(out, x)`` as ``functional.activations.relu_forward``."""
+    check_kernel_float("x", x)
     out = np.empty(x.shape, dtype=x.dtype)
     _relu_forward_kernel(_flat(x), out.reshape(-1))
     return out, x
 
 
 def relu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """``dx = dout * [x > 0]``."""
-    dx = np.empty(x.shape, dtype=np.result_type(dout, x))
+    """``dx = dout * [x > 0]``; dout must have x's shape and dtype."""
+    check_kernel_float("x", x)
+    check_shaped("dout", dout, x.shape, x.dtype)
+    dx = np.empty(x.shape, dtype=x.dtype)
     _relu_backward_kernel(_flat(dout), _flat(x), dx.reshape(-1))
     return dx
 
@@ -96,6 +101,7 @@ def _erf_f32(x):  # pragma: no cover - compiled
 
 def erf_f32(x: np.ndarray) -> np.ndarray:
     """The float32 approximation of erf used by the GELU kernels, for an array (tests)."""
+    check_kernel_float("x", x)
     out = np.empty(x.shape, dtype=np.float32)
     _erf_f32_array(_flat(x.astype(np.float32)), out.reshape(-1))
     return out
@@ -146,6 +152,7 @@ def _gelu_backward_f32(dout, x, dx):  # pragma: no cover - compiled
 
 def gelu_forward(x: np.ndarray):
     """Exact GELU ``x Phi(x)``; returns ``(out, x)`` as ``functional.activations.gelu_forward``."""
+    check_kernel_float("x", x)
     out = np.empty(x.shape, dtype=x.dtype)
     kernel = _gelu_forward_f32 if x.dtype == np.float32 else _gelu_forward_f64
     kernel(_flat(x), out.reshape(-1))
@@ -153,9 +160,10 @@ def gelu_forward(x: np.ndarray):
 
 
 def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """``dx = dout (Phi(x) + x phi(x))``."""
-    dx = np.empty(x.shape, dtype=np.result_type(dout, x))
-    kernel = _gelu_backward_f32 if x.dtype == np.float32 == dx.dtype else _gelu_backward_f64
-    kernel(_flat(dout).astype(dx.dtype, copy=False), _flat(x).astype(dx.dtype, copy=False),
-           dx.reshape(-1))
+    """``dx = dout (Phi(x) + x phi(x))``; dout must have x's shape and dtype."""
+    check_kernel_float("x", x)
+    check_shaped("dout", dout, x.shape, x.dtype)
+    dx = np.empty(x.shape, dtype=x.dtype)
+    kernel = _gelu_backward_f32 if x.dtype == np.float32 else _gelu_backward_f64
+    kernel(_flat(dout), _flat(x), dx.reshape(-1))
     return dx

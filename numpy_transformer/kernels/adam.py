@@ -26,7 +26,9 @@ import numba
 import numpy as np
 from numba.typed import List
 
+from .._checks import check_scalar
 from ..functional import adam as reference
+from ._validate import check_kernel_float
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
 __all__ = ['adam_update', 'adam_update_group']
@@ -66,21 +68,26 @@ class ParameterSet:
 
     Parameters
     ----------
-    ps, gs, ms, vs : sequences of C-contiguous ndarrays
+    ps, gs, ms, vs : sequences of C-contiguous, writeable ndarrays
         Parameters, gradients, first and second moments; the k-th of each have one shape,
-        and all one float dtype. The views made here write through to them.
+        and all one dtype, float32 or float64. The views made here write through to them.
+
+    Raises
+    ------
+    ValueError
+        If the arrays do not fit that description (checked once, here; :meth:`update` checks
+        its own arguments).
     """
 
     def __init__(self, ps: Sequence[np.ndarray], gs: Sequence[np.ndarray],
                  ms: Sequence[np.ndarray], vs: Sequence[np.ndarray]) -> None:
         arrays = (ps, gs, ms, vs)
-        dtype = ps[0].dtype
-        if len({len(a) for a in arrays}) != 1 or any(
-                x.shape != p.shape or x.dtype != dtype or not x.flags.c_contiguous
-                for group in arrays for x, p in zip(group, ps, strict=True)):
-            raise ValueError("ps, gs, ms, vs must hold C-contiguous arrays of one dtype, "
-                             "shaped alike")
-        self.dtype = dtype
+        _check_arrays(ps, gs, ms, vs)
+        for group_name, group in zip("pgmv", arrays, strict=True):
+            for k, x in enumerate(group):  # (one Numba type for all: writeable, C order)
+                if not (x.flags.c_contiguous and x.flags.writeable):
+                    raise ValueError(f"{group_name}s[{k}] must be C-contiguous and writeable")
+        self.dtype = ps[0].dtype
         self.lists = tuple(List([x.reshape(-1) for x in group]) for group in arrays)
         table = [(k, lo, min(p.size, lo + _BLOCK))
                  for k, p in enumerate(ps) for lo in range(0, p.size, _BLOCK)]
@@ -94,8 +101,33 @@ class ParameterSet:
         ``decay`` and ``l2`` hold one value per parameter; the other scalars are shared. All
         are of the arrays' dtype (see ``functional.adam.adam_update`` for what each means).
         """
+        n = len(self.lists[0])
+        for name, values in (("decay", decay), ("l2", l2)):
+            if not (isinstance(values, np.ndarray) and values.shape == (n,)
+                    and values.dtype == self.dtype):
+                raise ValueError(f"{name} must be a {self.dtype} array of shape ({n},), one "
+                                 f"value per parameter, got {getattr(values, 'shape', values)}")
+        for name, value in (("w1", w1), ("beta2", beta2), ("w2", w2), ("bc2_sqrt", bc2_sqrt),
+                            ("eps", eps), ("neg_step", neg_step)):
+            check_scalar(name, value)
         _adam_kernel(*self.lists, decay, l2, *self.blocks, w1, beta2, w2, bc2_sqrt, eps,
                      neg_step)
+
+
+def _check_arrays(ps, gs, ms, vs) -> None:
+    """Raise ``ValueError`` unless ps, gs, ms, vs hold as many arrays, at least one, the k-th
+    of each of ps[k]'s shape, all of one dtype the kernel is compiled for."""
+    lengths = [len(group) for group in (ps, gs, ms, vs)]
+    if len(set(lengths)) != 1 or lengths[0] == 0:
+        raise ValueError(f"ps, gs, ms, vs must hold as many arrays, at least one, got {lengths}")
+    dtype = check_kernel_float("ps[0]", ps[0]).dtype
+    for group_name, group in zip("pgmv", (ps, gs, ms, vs), strict=True):
+        for k, (x, p) in enumerate(zip(group, ps, strict=True)):
+            name = f"{group_name}s[{k}]"
+            check_kernel_float(name, x)
+            if x.shape != p.shape or x.dtype != dtype:
+                raise ValueError(f"{name} must be {dtype} of shape {p.shape} like ps[{k}], got "
+                                 f"{x.dtype} {x.shape}")
 
 
 _sets: OrderedDict = OrderedDict()  # identity of the arrays -> their ParameterSet
@@ -120,7 +152,9 @@ def adam_update_group(ps: Sequence[np.ndarray], gs: Sequence[np.ndarray],
     """Every parameter of one dtype in one parallel call; see
     ``functional.adam.adam_update_group``. Arrays that are not all C-contiguous go to the
     reference."""
-    if not all(x.flags.c_contiguous for group in (ps, gs, ms, vs) for x in group):
+    if not all(isinstance(x, np.ndarray) and x.flags.c_contiguous
+               for group in (ps, gs, ms, vs) for x in group):
+        _check_arrays(ps, gs, ms, vs)
         reference.adam_update_group(ps, gs, ms, vs, decays, l2s, w1, beta2, w2, bc2_sqrt, eps,
                                     neg_step)
         return
@@ -129,6 +163,8 @@ def adam_update_group(ps: Sequence[np.ndarray], gs: Sequence[np.ndarray],
 
 def adam_update(p, g, m, v, decay, l2, w1, beta2, w2, bc2_sqrt, eps, neg_step) -> None:
     """One parameter's update; see ``functional.adam.adam_update``."""
-    dtype = p.dtype
+    dtype = check_kernel_float("p", p).dtype
+    check_scalar("decay", decay)
+    check_scalar("l2", l2)
     adam_update_group([p], [g], [m], [v], np.array([decay], dtype), np.array([l2], dtype), w1,
                       beta2, w2, bc2_sqrt, eps, neg_step)

@@ -84,9 +84,10 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ..functional.attention import check_attention_inputs
+from ..functional.attention import check_attention_inputs, check_sdpa_grads
 from ..functional.masks import causal_mask
 from ..threads import blas_on_calling_thread
+from ._validate import check_cache, check_consistent, check_kernel_float
 from .blas import gemm, gemm_address
 from .special import exp_clamped
 
@@ -609,7 +610,8 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     for either input dtype (one number per row): rounded to float32 it would shift every
     rebuilt p by up to about 1e-6 relative.
     """
-    check_attention_inputs(q, k, v, mask, bias)
+    check_attention_inputs(q, k, v, mask, bias, scale)
+    check_kernel_float("q", q)  # and so k and v, of q's dtype
     b, h, t_q, d = q.shape
     t_k = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -632,6 +634,36 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     return out, cache
 
 
+def _reach(strides: np.ndarray, extents: tuple) -> int:
+    """One past the largest flat index the kernel reads through ``strides`` over ``extents``."""
+    return 1 + sum((n - 1) * int(s) for s, n in zip(strides, extents, strict=True))
+
+
+def _check_cache(c: SDPAKernelCache) -> None:
+    """Raise ``ValueError`` unless ``c`` is an SDPAKernelCache whose arrays fit its shape."""
+    check_cache(c, SDPAKernelCache, "sdpa_forward")
+    arrays = (c.q, c.k, c.v, c.out, c.lse, c.kv_len, c.mask, c.mask_strides, c.bias,
+              c.bias_strides)
+    ok = all(isinstance(x, np.ndarray) for x in arrays) and len(c.shape) == 5
+    if ok:
+        b, h, t_q, t_k, d = c.shape
+        scores = (b, h, t_q, t_k)
+        ok = (c.q.shape == c.out.shape == (b, h, t_q, d)
+              and c.k.shape == c.v.shape == (b, h, t_k, d)
+              and c.k.flags.c_contiguous and c.v.flags.c_contiguous
+              and c.q.dtype == c.k.dtype == c.v.dtype == c.out.dtype
+              and c.lse.shape == (b, h, t_q) and c.lse.dtype == np.float64
+              and c.kv_len.shape == (b,) and c.kv_len.dtype == np.int64
+              and 0 <= c.kv_len.min() and c.kv_len.max() <= t_k
+              and c.mask_strides.shape == c.bias_strides.shape == (4,)
+              and (c.mask_strides >= 0).all() and (c.bias_strides >= 0).all()
+              and (not c.has_mask or _reach(c.mask_strides, scores) <= c.mask.size)
+              and (not c.has_bias or _reach(c.bias_strides, scores) <= c.bias.size)
+              and c.bias.dtype == c.q.dtype)
+    check_consistent(c, ok)
+    check_kernel_float("cache.q", c.q)
+
+
 def sdpa_backward(dout, cache: SDPAKernelCache, out=None):
     """Gradients of :func:`sdpa_forward`: returns ``(dq, dk, dv)``, each shaped like its input.
 
@@ -640,20 +672,16 @@ def sdpa_backward(dout, cache: SDPAKernelCache, out=None):
     view of memory laid out as (B, T, H, D). ``out``, as in the reference: three arrays (any
     strides) that the kernel writes the gradients into directly, returned.
     """
+    _check_cache(cache)
+    check_sdpa_grads(dout, cache.q, cache.shape[3], out)
     b, h, t_q, t_k, d = cache.shape
     dtype = cache.q.dtype
-    if not isinstance(dout, np.ndarray) or dout.shape != (b, h, t_q, d):
-        raise ValueError(f"dout must be an array of shape {(b, h, t_q, d)}, got "
-                         f"{getattr(dout, 'shape', type(dout).__name__)}")
-    dout = _writeable(dout.astype(dtype, copy=False))
+    dout = _writeable(dout)
     # enough work items for two per thread: one chunk per head unless there are few heads
     n_blk = -(-t_q // _BLOCK_Q)
     n_chunks = max(1, min(n_blk, -(-2 * numba.get_num_threads() // (b * h))))
     if out is None:
         out = tuple(_heads_view(b, h, t, d, dtype) for t in (t_q, t_k, t_k))
-    elif [o.shape for o in out] != [(b, h, t_q, d), (b, h, t_k, d), (b, h, t_k, d)] or any(
-            o.dtype != dtype or not o.flags.writeable for o in out):
-        raise ValueError(f"out must be three writeable {dtype} arrays shaped like q, k, v")
     dq, dk, dv = out
     part_shape = (b, h, n_chunks, t_k, d) if n_chunks > 1 else (1, 1, 1, 1, 1)  # else unused
     dk_part, dv_part = np.empty(part_shape, dtype), np.empty(part_shape, dtype)

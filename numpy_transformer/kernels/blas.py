@@ -13,7 +13,9 @@ only the parts of a causal score block that are visible, ``kernels/attention.py`
 * ``gemm(a, b, out, fn, accumulate=False)``: ``out = a @ b`` (``out += a @ b`` with
   ``accumulate``). ``a`` and ``b`` are 2-D with unit stride along one axis (C-contiguous, a
   slice of such an array, or a transpose of either); ``out`` has contiguous rows (a slice of
-  a C-contiguous array). ``fn`` is :func:`gemm_address` of the dtype.
+  a C-contiguous array). ``fn`` is :func:`gemm_address` of the dtype. Called from Python it
+  checks all of this, and that ``fn`` is such an address, before it calls the BLAS;
+  compiled kernels call the compiled version directly (their own wrappers checked).
 
 The address is an argument, not a constant compiled into the kernel, so that kernels cached
 on disk stay valid in the next process, where the library is loaded at another address. A
@@ -37,9 +39,10 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import get_cython_function_address, intrinsic
+from numba.extending import get_cython_function_address, intrinsic, overload
 
 from ..threads import numpy_extension_path
+from ._validate import check_kernel_float
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # CBLAS's enums
 _CHAR = (ord("N"), ord("T"))  # the Fortran interface's, for _NO_TRANS and _TRANS
@@ -76,11 +79,25 @@ def _scipy_fortran(dtype) -> int:
         return 0
 
 
-@functools.cache
 def gemm_address(dtype, numpys: bool = True) -> int:
     """What :func:`gemm` calls for arrays of ``dtype``: the address of NumPy's
     ``cblas_?gemm`` (positive), else minus that of SciPy's Fortran ``?gemm`` (negative), or 0
-    for a dtype neither has. ``numpys=False`` skips NumPy's (for the tests of the other)."""
+    for a dtype neither has. ``numpys=False`` skips NumPy's (for the tests of the other).
+
+    Raises
+    ------
+    ValueError
+        If ``dtype`` names no NumPy dtype.
+    """
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"dtype must name a NumPy dtype, got {dtype!r}") from None
+    return _gemm_address(dtype, bool(numpys))
+
+
+@functools.cache
+def _gemm_address(dtype: np.dtype, numpys: bool) -> int:
     fn = _numpy_cblas(dtype) if numpys else 0
     return fn if fn else -_scipy_fortran(dtype)
 
@@ -157,8 +174,38 @@ def _layout(x):
     raise ValueError("gemm: an operand has neither contiguous rows nor contiguous columns")
 
 
+def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, fn: int, accumulate: bool = False) -> None:
+    """``out = a @ b`` (``out += a @ b`` with ``accumulate``) by the BLAS at ``fn``; see the
+    module docstring for the layouts taken. From Python every argument is checked first
+    (``ValueError``); in compiled code the name is the compiled version (``_gemm``).
+    """
+    for name, x in (("a", a), ("b", b), ("out", out)):
+        check_kernel_float(name, x, ndim=2)
+    if not a.dtype == b.dtype == out.dtype:
+        raise ValueError(f"gemm: a, b and out must share one dtype, got {a.dtype}, {b.dtype}, "
+                         f"{out.dtype}")
+    if a.shape[1] != b.shape[0] or out.shape != (a.shape[0], b.shape[1]):
+        raise ValueError(f"gemm: shapes do not match: {a.shape} @ {b.shape} -> {out.shape}")
+    if not out.flags.writeable:
+        raise ValueError("gemm: out must be writeable")
+    if isinstance(fn, bool) or not isinstance(fn, (int, np.integer)) or fn == 0:
+        raise ValueError(f"gemm: no BLAS for this dtype (fn = {fn!r})")
+    if fn not in (gemm_address(out.dtype), gemm_address(out.dtype, False)):
+        raise ValueError(f"gemm: fn must be gemm_address({out.dtype}), got {fn}")
+    for x in (a, b, out):
+        _layout(x)  # the compiled test, on its own: raises ValueError for a layout BLAS cannot take
+    if _layout(out)[0] != _NO_TRANS:
+        raise ValueError("gemm: out must have contiguous rows")
+    _gemm(a, b, out, fn, bool(accumulate))
+
+
+@overload(gemm, jit_options=_JIT)
+def _gemm_in_compiled_code(a, b, out, fn, accumulate=False):
+    return lambda a, b, out, fn, accumulate=False: _gemm(a, b, out, fn, accumulate)
+
+
 @njit(**_JIT)
-def gemm(a, b, out, fn, accumulate=False):  # pragma: no cover - compiled
+def _gemm(a, b, out, fn, accumulate=False):  # pragma: no cover - compiled
     # out = a b, or out += a b with accumulate.  a: (M, K), b: (K, N), out: (M, N) with
     # contiguous rows (a row and column slice of a C array will do); fn: gemm_address of
     # their dtype

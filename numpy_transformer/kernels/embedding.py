@@ -21,8 +21,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .._checks import check_float, check_ids
-from ..functional.embedding import EmbeddingCache
+from .._checks import check_scalar, check_shaped
+from ..functional.embedding import EmbeddingCache, check_embedding_ids
+from ._validate import check_cache, check_consistent, check_kernel_float
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
 __all__ = ['embeddings_forward', 'embeddings_backward', 'embedding_backward']
@@ -76,16 +77,13 @@ def embeddings_forward(ids: np.ndarray, table: np.ndarray, scale: float = 1.0,
         For ids that are not integers in ``[0, V)`` or not (B, T), or positions that are not
         (T, C) of the table's dtype.
     """
-    check_float("table", table, ndim=2)
-    ids = check_ids("ids", ids, table.shape[0])
-    if ids.ndim != 2:
-        raise ValueError(f"ids must have shape (B, T), got {ids.shape}")
+    check_kernel_float("table", table, ndim=2)
+    ids = check_embedding_ids(ids, table)
+    check_scalar("scale", scale)
     has_positions = positions is not None
-    if has_positions and (positions.shape != (ids.shape[1], table.shape[1])
-                          or positions.dtype != table.dtype):
-        raise ValueError(f"positions must be {table.dtype} of shape "
-                         f"{(ids.shape[1], table.shape[1])}, got {positions.dtype} "
-                         f"{positions.shape}")
+    if has_positions:
+        check_shaped("positions", positions, (ids.shape[1], table.shape[1]), table.dtype,
+                     what="(T, C) of ids and table, in the table's dtype")
     out = np.empty(ids.shape + table.shape[1:], dtype=table.dtype)  # (B, T, C)
     _lookup_rows(ids.reshape(-1).astype(np.int64, copy=False), table,
                  table.dtype.type(scale),
@@ -102,7 +100,14 @@ def embedding_backward(dout: np.ndarray, cache: EmbeddingCache) -> np.ndarray:
 def embeddings_backward(dout: np.ndarray, cache: EmbeddingCache, scale: float = 1.0):
     """Returns ``dtable`` of shape (V, C): rows of ``dout * scale`` summed per id (repeats
     accumulate); see ``functional.fused.embeddings_backward``."""
-    ids, (vocab, width), dtype = cache
+    check_cache(cache, EmbeddingCache, "embeddings_forward")
+    ids, table_shape, dtype = cache
+    check_consistent(cache, isinstance(ids, np.ndarray) and ids.ndim == 2
+                     and ids.dtype.kind in "iu" and len(table_shape) == 2)
+    vocab, width = table_shape
+    check_shaped("dout", dout, ids.shape + (width,), dtype)
+    check_kernel_float("dout", dout)
+    check_scalar("scale", scale)
     dtable = np.zeros((vocab, width), dtype=dtype)
     _scatter_add_rows(dtable, ids.reshape(-1).astype(np.int64, copy=False),
                       np.ascontiguousarray(dout, dtype=dtype).reshape(-1, width),

@@ -32,10 +32,11 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .._checks import check_float, check_last_dim
+from .._checks import check_last_dim, check_shaped
 from ..functional import fused as reference
 from ..functional.fused import FeedForwardCache
 from ..threads import blas_on_calling_thread
+from ._validate import check_cache, check_consistent, check_kernel_float
 from .blas import gemm, gemm_address
 from .linear import _chunks, _use_reference
 
@@ -118,10 +119,11 @@ def relu_ffn_forward(x: np.ndarray, w1: np.ndarray, b1: np.ndarray, w2: np.ndarr
     ValueError
         If x is not a float array whose last axis is C, or the weights do not fit.
     """
-    check_float("x", x)
+    for name, a in (("x", x), ("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2)):
+        check_kernel_float(name, a)
     check_last_dim("x", x, w1.shape[0])
-    if w2.shape != w1.shape[::-1] or b1.shape != w1.shape[1:] or b2.shape != w2.shape[1:] or \
-            len({a.dtype for a in (x, w1, b1, w2, b2)}) != 1:
+    if w1.ndim != 2 or w2.shape != w1.shape[::-1] or b1.shape != w1.shape[1:] or \
+            b2.shape != w2.shape[1:] or len({a.dtype for a in (x, w1, b1, w2, b2)}) != 1:
         raise ValueError(f"the weights must be (C, F), (F,), (F, C), (C,) of x's dtype "
                          f"{x.dtype}, got {w1.shape}, {b1.shape}, {w2.shape}, {b2.shape}")
     if _use_reference(x.size // w1.shape[0]):
@@ -143,10 +145,15 @@ def relu_ffn_backward(dout: np.ndarray, cache: FeedForwardCache):
     ValueError
         If dout is not shaped like the forward's output.
     """
+    check_cache(cache, FeedForwardCache, "relu_ffn_forward")
     x, h, w1, w2, shape = cache
-    if not isinstance(dout, np.ndarray) or dout.shape != shape:
-        raise ValueError(f"dout must be an array of shape {shape}, got "
-                         f"{getattr(dout, 'shape', type(dout).__name__)}")
+    check_consistent(cache, all(isinstance(a, np.ndarray) and a.ndim == 2 and a.dtype == x.dtype
+                                for a in (x, h, w1, w2)) and isinstance(shape, tuple)
+                     and w1.shape == w2.shape[::-1] == (x.shape[1], h.shape[1])
+                     and h.shape[0] == x.shape[0] == np.prod(shape[:-1], dtype=int)
+                     and shape[-1:] == (x.shape[1],))
+    check_kernel_float("cache.x", x)
+    check_shaped("dout", dout, shape, x.dtype)
     n = x.shape[0]
     if _use_reference(n):
         return reference.relu_ffn_backward(dout, cache)

@@ -40,10 +40,11 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .._checks import check_float, check_last_dim
+from .._checks import check_float, check_shaped
 from ..functional import linear as reference
-from ..functional.linear import LinearCache
+from ..functional.linear import LinearCache, check_heads, check_linear_inputs
 from ..threads import blas_on_calling_thread
+from ._validate import check_cache, check_consistent, check_kernel_float
 from .blas import gemm, gemm_address
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
@@ -125,6 +126,15 @@ def _backward_kernel(dout, x, w, has_bias, n_chunks, gemm_fn, dx, dw_part, db_pa
                     acc[j] += g[i, j]
 
 
+def _check_inputs(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> None:
+    """The reference's checks, and dtypes the kernels are compiled for (mixed ones are
+    promoted as NumPy would, by ``_operands``)."""
+    check_linear_inputs(x, w, b)
+    for name, a in (("x", x), ("w", w), ("b", b)):
+        if a is not None:
+            check_kernel_float(name, a)
+
+
 def _operands(x: np.ndarray, w: np.ndarray, b: np.ndarray | None):
     """``(x2, w, bias, has_bias)`` for the forward kernels: x as C-contiguous (N, C_in), all in
     NumPy's promoted dtype of ``x @ w + b``; without a bias, ``w[0]`` is an unused stand-in."""
@@ -137,8 +147,7 @@ def _operands(x: np.ndarray, w: np.ndarray, b: np.ndarray | None):
 
 def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
     """Affine map over the last axis; see ``functional.linear.linear_forward``."""
-    check_float("x", x)
-    check_last_dim("x", x, w.shape[0])
+    _check_inputs(x, w, b)
     if _use_reference(x.size // w.shape[0]):
         return reference.linear_forward(x, w, b)
     x2, w, bias, has_bias = _operands(x, w, b)  # x2: (N, C_in)
@@ -152,11 +161,17 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
 
 def linear_backward(dout: np.ndarray, cache: LinearCache):
     """Returns ``(dx, dw, db)``; see ``functional.linear.linear_backward``."""
+    check_cache(cache, LinearCache, "linear_forward")
     x, w, has_bias = cache
+    check_consistent(cache, isinstance(x, np.ndarray) and isinstance(w, np.ndarray)
+                     and w.ndim == 2 and x.ndim >= 1 and x.shape[-1] == w.shape[0])
+    check_kernel_float("cache.x", x)
+    check_kernel_float("cache.w", w)
     c_in, c_out = w.shape
+    check_shaped("dout", dout, x.shape[:-1] + (c_out,), np.result_type(x, w))
     x2 = x.reshape(-1, c_in)
     n = x2.shape[0]
-    if _use_reference(n):
+    if _use_reference(n) or x.dtype != w.dtype:  # few rows; or the reference's own cache
         return reference.linear_backward(dout, cache)
     dout2 = np.ascontiguousarray(dout, dtype=x.dtype).reshape(-1, c_out)  # (N, C_out)
     chunks = _chunks(n)
@@ -182,7 +197,8 @@ def linear_heads_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, gro
     ``linear_forward``'s and ``linear_backward``'s.
     """
     check_float("x", x, ndim=3)
-    check_last_dim("x", x, w.shape[0])
+    _check_inputs(x, w, b)
+    check_heads(w, groups, heads)
     if _use_reference(x.size // w.shape[0]):
         return reference.linear_heads_forward(x, w, b, groups, heads)
     bsz, t, _ = x.shape

@@ -46,8 +46,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .._checks import check_float, check_last_dim
-from ..functional.norms import LayerNormCache, RMSNormCache
+from .._checks import check_scalar, check_shaped
+from ..functional.norms import LayerNormCache, RMSNormCache, check_norm_inputs
+from ._validate import check_cache, check_consistent, check_kernel_float
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
 __all__ = [
@@ -70,13 +71,32 @@ def _rows(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1, a.shape[-1])
 
 
+def _check_inputs(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps) -> None:
+    """The reference's checks, and one dtype the kernels are compiled for."""
+    check_norm_inputs(x, w, b)
+    check_kernel_float("x", x)
+    if eps is not None:
+        check_scalar("eps", eps)
+
+
+def _check_backward(dout, cache, kind: type, forward: str, dres) -> None:
+    """dout (and dres) shaped like the forward's output, of its dtype; a cache that fits."""
+    check_cache(cache, kind, forward)
+    x_hat, w, r = cache
+    check_consistent(cache, all(isinstance(a, np.ndarray) for a in cache)
+                     and x_hat.ndim >= 1 and w.shape == x_hat.shape[-1:]
+                     and r.shape == x_hat.shape[:-1] + (1,))
+    check_kernel_float("cache.x_hat", x_hat)
+    check_shaped("dout", dout, x_hat.shape, x_hat.dtype)
+    if dres is not None:
+        check_shaped("dres", dres, x_hat.shape, x_hat.dtype, what="dout")
+
+
 def _addend(dres: np.ndarray | None, like: np.ndarray):
-    """``(dres as (N, C) rows of like's dtype, True)``, or ``(like, False)`` without one."""
+    """``(dres as (N, C) rows, True)``, or ``(like, False)`` without one."""
     if dres is None:
         return like, False
-    if dres.shape[-1] != like.shape[-1] or dres.size != like.size:
-        raise ValueError(f"dres must be shaped like dout, got {dres.shape}")
-    return _rows(dres.astype(like.dtype, copy=False)), True
+    return _rows(dres), True
 
 
 def _blocks(n: int) -> int:
@@ -159,8 +179,7 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
     cache : LayerNormCache
         ``x_hat`` (..., C), ``w`` (C,), ``rstd`` (..., 1), as the reference's.
     """
-    check_float("x", x)
-    check_last_dim("x", x, w.shape[0])
+    _check_inputs(x, w, b, eps)
     x2 = _rows(x)  # (N, C)
     out, x_hat = np.empty_like(x2), np.empty_like(x2)
     rstd = np.empty(x2.shape[0], dtype=x.dtype)  # (N,)
@@ -181,6 +200,7 @@ def layer_norm_backward_residual(dout: np.ndarray, cache: LayerNormCache, dres: 
 
 
 def _layer_norm_backward(dout, cache, dres):
+    _check_backward(dout, cache, LayerNormCache, "layer_norm_forward", dres)
     x_hat, w, rstd = cache
     c = w.shape[0]
     dout2, x_hat2 = _rows(dout.astype(x_hat.dtype, copy=False)), _rows(x_hat)  # (N, C)
@@ -250,8 +270,7 @@ def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
 
     ``eps=None`` means ``np.finfo(x.dtype).eps``, as in the reference.
     """
-    check_float("x", x)
-    check_last_dim("x", x, w.shape[0])
+    _check_inputs(x, w, None, eps)
     eps = np.finfo(x.dtype).eps if eps is None else eps
     x2 = _rows(x)  # (N, C)
     out, x_hat = np.empty_like(x2), np.empty_like(x2)
@@ -273,6 +292,7 @@ def rms_norm_backward_residual(dout: np.ndarray, cache: RMSNormCache, dres: np.n
 
 
 def _rms_norm_backward(dout, cache, dres):
+    _check_backward(dout, cache, RMSNormCache, "rms_norm_forward", dres)
     x_hat, w, rrms = cache
     dout2, x_hat2 = _rows(dout.astype(x_hat.dtype, copy=False)), _rows(x_hat)  # (N, C)
     dx = np.empty_like(x_hat2)

@@ -11,6 +11,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ..functional.fused import check_residual
+from ._validate import check_kernel_float
+
 # The operations this module gives the numba backend (numpy_transformer.backend)
 __all__ = ['add_into']
 
@@ -25,8 +28,11 @@ def _add_into_kernel(x, sub):  # pragma: no cover - compiled
 def add_into(x: np.ndarray, sub: np.ndarray) -> np.ndarray:
     """``sub += x`` in place; returns ``sub``. Both arrays share shape and dtype.
 
-    Arrays that are not C-contiguous go to NumPy's addition.
+    Arrays that are not C-contiguous, or of two dtypes, go to NumPy's addition.
     """
+    check_residual(x, sub)
+    check_kernel_float("x", x)
+    check_kernel_float("sub", sub)
     if x.flags.c_contiguous and sub.flags.c_contiguous and x.dtype == sub.dtype:
         _add_into_kernel(x.reshape(-1), sub.reshape(-1))
         return sub

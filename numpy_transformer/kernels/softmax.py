@@ -25,7 +25,9 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .._checks import check_scalar
 from ..functional.softmax import CrossEntropyCache, counted_targets
+from ._validate import check_cache, check_consistent, check_kernel_float
 from .special import exp_shifted
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
@@ -77,6 +79,7 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
     Same arguments, same ``ValueError`` cases, same returns ``(loss, CrossEntropyCache)``.
     """
     flat_t, weight = counted_targets(logits, targets, ignore_index, mask)
+    check_kernel_float("logits", logits)
     vocab = logits.shape[-1]
     x = np.ascontiguousarray(logits).reshape(-1, vocab)  # (N, V)
     probs = np.empty_like(x)
@@ -88,7 +91,14 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
 
 def cross_entropy_backward(dloss: float, cache: CrossEntropyCache) -> np.ndarray:
     """``dlogits = dloss * w_n (softmax(logits) - onehot(target))``, shaped like the logits."""
+    check_scalar("dloss", dloss)
+    check_cache(cache, CrossEntropyCache, "cross_entropy_forward")
     probs, targets, weight, shape = cache
+    check_consistent(cache, all(isinstance(a, np.ndarray) for a in (probs, targets, weight))
+                     and probs.ndim == 2 and targets.shape == weight.shape == probs.shape[:1]
+                     and targets.dtype.kind in "iu" and isinstance(shape, tuple)
+                     and np.prod(shape, dtype=int) == probs.size)
+    check_kernel_float("cache.probs", probs)
     dlogits = np.empty_like(probs)
     scale = (weight * weight.dtype.type(dloss)).astype(probs.dtype)
     _cross_entropy_backward_kernel(probs, targets.astype(np.int64, copy=False), scale, dlogits)

@@ -190,6 +190,7 @@ class LayerNorm(Module):
     def backward_residual(self, dout: np.ndarray, dres: np.ndarray) -> np.ndarray:
         """``dres + backward(dout)``: the gradient of a residual stream x read by this norm,
         ``dres`` being what reached x around it (one pass with the numba backend)."""
+        self.check_grad("dout", dout)
         dx, dw, db = self.ops.layer_norm_backward_residual(dout, self.cache, dres)
         return self._accumulate(dx, dw, db)
 
@@ -237,6 +238,7 @@ class RMSNorm(Module):
 
     def backward_residual(self, dout: np.ndarray, dres: np.ndarray) -> np.ndarray:
         """``dres + backward(dout)``, as :meth:`LayerNorm.backward_residual`."""
+        self.check_grad("dout", dout)
         dx, dw = self.ops.rms_norm_backward_residual(dout, self.cache, dres)
         self.grads["w"] += dw
         return dx

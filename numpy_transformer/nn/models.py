@@ -73,8 +73,8 @@ class Embeddings(Module):
     def forward(self, tokens: np.ndarray, start: int = 0) -> np.ndarray:
         """tokens : int (B, T) at positions start .. start + T - 1 -> x : (B, T, C)."""
         tokens = check_ids("tokens", tokens, self.vocab)
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must have shape (B, T), got {tokens.shape}")
+        if tokens.ndim != 2 or tokens.size == 0:
+            raise ValueError(f"tokens must have shape (B, T) with B, T >= 1, got {tokens.shape}")
         rows = None if self.positions is None else self.positions.addend(tokens.shape[1], start)
         x, self.cache = self.ops.embeddings_forward(tokens, self.tokens.params["table"],
                                                     self.scale, rows)  # (1)-(3)

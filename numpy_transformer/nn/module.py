@@ -12,6 +12,10 @@ The contract every module in ``numpy_transformer.nn`` follows:
   accumulation over micro-batches a loop of backwards.
 * Children are registered by name, in order, so every parameter has a dotted name such as
   ``blocks.0.attn.wq``.
+* ``backward`` before any ``forward``, or with a gradient not shaped like the last forward's
+  output (or not of its dtype), raises ``ValueError``. :class:`Module` checks this for every
+  subclass: each subclass's ``forward`` records its output's shape and dtype in
+  ``grad_like``, and each ``backward`` compares its first argument with it before it runs.
 
 ``buffers`` holds fixed arrays that move with the module (``astype``) but are neither trained
 nor saved: the sinusoidal table and the RoPE angles follow from a formula, as the chapter's
@@ -20,13 +24,43 @@ non-persistent position buffer does.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+import inspect
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 
+def _recording(forward: Callable) -> Callable:
+    """``forward`` that also records its output's (shape, dtype) in ``self.grad_like``."""
+    @functools.wraps(forward)
+    def recorded(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        self.grad_like = (out.shape, out.dtype) if isinstance(out, np.ndarray) else ...
+        return out
+    return recorded
+
+
+def _checked(backward: Callable) -> Callable:
+    """``backward`` that first checks its gradient argument with :meth:`Module.check_grad`."""
+    name = list(inspect.signature(backward).parameters)[1]  # dout, dlogits, dx, ...
+
+    @functools.wraps(backward)
+    def checked(self, dout, *args, **kwargs):
+        self.check_grad(name, dout)
+        return backward(self, dout, *args, **kwargs)
+    return checked
+
+
 class Module:
     """Base class: parameter and gradient dicts, ordered children, a train/eval flag."""
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "forward" in cls.__dict__:
+            cls.forward = _recording(cls.forward)
+        if "backward" in cls.__dict__:
+            cls.backward = _checked(cls.backward)
 
     def __init__(self) -> None:
         self.params: dict[str, np.ndarray] = {}
@@ -34,6 +68,10 @@ class Module:
         self.buffers: dict[str, np.ndarray] = {}
         self.children: dict[str, Module] = {}
         self.training = True
+        # (shape, dtype) of the last forward's output: what backward's gradient must be.
+        # None before any forward; ... for an output that is not an array; a shape entry "B"
+        # matches any length (a module whose rows another module adds, positions.addend)
+        self.grad_like: tuple | None = None
 
     # ------------------------------------------------------------------ registration
     def add_param(self, name: str, value: np.ndarray) -> np.ndarray:
@@ -57,6 +95,27 @@ class Module:
 
     def backward(self, dout):
         raise NotImplementedError(f"{type(self).__name__} does not define backward")
+
+    def check_grad(self, name: str, dout: object) -> None:
+        """Raise ``ValueError`` unless a forward ran and ``dout`` is shaped like its output.
+
+        Called by every subclass's ``backward`` before it runs (see the module docstring);
+        ``name`` is the backward's argument (``dout``, ``dlogits``, ...).
+        """
+        what = type(self).__name__
+        if self.grad_like is None:
+            raise ValueError(f"{what}.backward needs a forward first")
+        if self.grad_like is ...:
+            return
+        shape, dtype = self.grad_like
+        if not (isinstance(dout, np.ndarray) and dout.ndim == len(shape) and all(
+                want in ("B", got) for want, got in zip(shape, dout.shape, strict=True))):
+            raise ValueError(f"{name} must have shape ({', '.join(map(str, shape))}) like the "
+                             f"output of {what}'s last forward, got "
+                             f"{getattr(dout, 'shape', type(dout).__name__)}")
+        if dout.dtype != dtype:
+            raise ValueError(f"{name} must be {dtype} like the output of {what}'s last "
+                             f"forward, got {dout.dtype}")
 
     # ------------------------------------------------------------------ parameters
     def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, np.ndarray, np.ndarray]]:

@@ -62,8 +62,10 @@ class SinusoidalPositions(Module):
         return x + self.addend(x.shape[1], start)
 
     def addend(self, length: int, start: int = 0) -> np.ndarray:
-        """PE[start:start + length], (length, C): what :meth:`forward` adds."""
+        """PE[start:start + length], (length, C): what :meth:`forward` adds; the backward
+        then takes the gradient of a sum with these rows, (B, length, C)."""
         _check_rows(length, start, self.max_len)
+        self.grad_like = (("B", length, self.width), self.buffers["table"].dtype)
         return self.buffers["table"][start:start + length]
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
@@ -106,6 +108,7 @@ class LearnedPositions(Module):
         """
         _check_rows(length, start, self.max_len)
         self.cache = (start, length)
+        self.grad_like = (("B", length, self.width), self.params["table"].dtype)
         return self.params["table"][start:start + length]
 
     def backward(self, dout: np.ndarray) -> np.ndarray:

@@ -1,0 +1,272 @@
+"""The library's API refuses, with a ``ValueError`` naming the argument, on both backends:
+empty sequences and head width 0 in attention, float16 on the numba backend, ``backward``
+before ``forward`` in every module, an upstream gradient of the wrong shape for every module
+and every functional backward, and a lone surrogate in ``CharTokenizer`` (issue 14, item 9).
+
+The kernels' own checks, argument by argument, are in ``tests/test_kernel_inputs.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from numpy_transformer import nn
+from numpy_transformer.backend import get_backend
+from numpy_transformer.config import BACKENDS, TransformerConfig
+from numpy_transformer.data import CharTokenizer
+from numpy_transformer.functional.masks import causal_mask
+from numpy_transformer.nn.module import Module
+
+B, T, C, H, V = 2, 4, 8, 2, 11
+
+
+def arr(*shape, seed=0, dtype=np.float64):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def tokens(t=T):
+    return np.random.default_rng(1).integers(0, V, size=(B, t))
+
+
+# --------------------------------------------------------------------------- attention
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("where, shapes", [
+    ("T_q = 0", ((B, H, 0, 4), (B, H, 5, 4))),
+    ("T_k = 0", ((B, H, 3, 4), (B, H, 0, 4))),
+    ("D = 0", ((B, H, 3, 0), (B, H, 5, 0))),
+])
+def test_attention_refuses_empty_sequences_and_heads(backend, where, shapes):
+    ops = get_backend(backend)
+    q_shape, kv_shape = shapes
+    name = "k" if where == "T_k = 0" else "q"
+    with pytest.raises(ValueError, match=f"{name} has an axis of length 0"):
+        ops.sdpa_forward(arr(*q_shape), arr(*kv_shape), arr(*kv_shape))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_module_refuses_empty_sequences(backend):
+    attn = nn.MultiHeadAttention(C, H, backend=backend, rng=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="x has an axis of length 0"):
+        attn(arr(B, 0, C))
+    with pytest.raises(ValueError, match="context has an axis of length 0"):
+        attn(arr(B, T, C), arr(B, 0, C))
+    model = nn.DecoderLM(TransformerConfig(vocab=V, width=C, heads=H, layers=1, ffn_width=16,
+                                           max_len=8, backend=backend))
+    with pytest.raises(ValueError, match="tokens must have shape"):
+        model.forward(np.zeros((B, 0), dtype=int))
+
+
+# --------------------------------------------------------------------------- float16
+@pytest.mark.parametrize("build", [
+    lambda: nn.Linear(C, 5, dtype=np.float16, backend="numba"),
+    lambda: nn.LayerNorm(C, dtype=np.float16, backend="numba"),
+    lambda: nn.MultiHeadAttention(C, H, dtype=np.float16, backend="numba"),
+    lambda: nn.FeedForward(C, 16, "relu", dtype=np.float16, backend="numba"),
+], ids=["Linear", "LayerNorm", "MultiHeadAttention", "FeedForward"])
+def test_numba_backend_refuses_float16(build):
+    with pytest.raises(ValueError, match="float32 or float64 on the numba backend, got float16"):
+        build()(arr(B, T, C, dtype=np.float16))
+
+
+def test_float16_still_runs_on_the_numpy_backend():
+    out = nn.LayerNorm(C, dtype=np.float16, backend="numpy")(arr(B, T, C, dtype=np.float16))
+    assert out.dtype == np.float16
+
+
+# --------------------------------------------------------------------------- modules
+def _config(backend, **kw):
+    return TransformerConfig(vocab=V, width=C, heads=H, layers=1, ffn_width=16, max_len=8,
+                             backend=backend, **{"num_classes": 3, **kw})
+
+
+# Each module with a valid forward call: name -> (build(backend), forward(module))
+MODULES: dict[str, tuple[Callable, Callable]] = {
+    "Linear": (lambda be: nn.Linear(C, 5, backend=be), lambda m: m(arr(B, T, C))),
+    "Embedding": (lambda be: nn.Embedding(V, C, backend=be), lambda m: m(tokens())),
+    "TiedOutput": (lambda be: nn.TiedOutput(nn.Embedding(V, C, backend=be)),
+                   lambda m: m(arr(B, T, C))),
+    "LayerNorm": (lambda be: nn.LayerNorm(C, backend=be), lambda m: m(arr(B, T, C))),
+    "RMSNorm": (lambda be: nn.RMSNorm(C, backend=be), lambda m: m(arr(B, T, C))),
+    "Dropout": (lambda be: nn.Dropout(0.0), lambda m: m(arr(B, T, C))),
+    "FeedForward": (lambda be: nn.FeedForward(C, 16, "gelu", backend=be),
+                    lambda m: m(arr(B, T, C))),
+    "MultiHeadAttention": (lambda be: nn.MultiHeadAttention(C, H, backend=be),
+                           lambda m: m(arr(B, T, C), mask=causal_mask(T))),
+    "SinusoidalPositions": (lambda be: nn.SinusoidalPositions(8, C),
+                            lambda m: m(arr(B, T, C))),
+    "LearnedPositions": (lambda be: nn.LearnedPositions(8, C), lambda m: m(arr(B, T, C))),
+    "EncoderBlock": (lambda be: nn.EncoderBlock(C, H, 16, backend=be),
+                     lambda m: m(arr(B, T, C))),
+    "DecoderBlock": (lambda be: nn.DecoderBlock(C, H, 16, cross=True, backend=be),
+                     lambda m: m(arr(B, T, C), arr(B, 3, C, seed=2))),
+    "Embeddings": (lambda be: nn.Embeddings(_config(be), np.random.default_rng(0)),
+                   lambda m: m(tokens())),
+    "Encoder": (lambda be: nn.Encoder(_config(be), np.random.default_rng(0)),
+                lambda m: m(tokens())),
+    "Decoder": (lambda be: nn.Decoder(_config(be), np.random.default_rng(0)),
+                lambda m: m(tokens())),
+    "EncoderClassifier": (lambda be: nn.EncoderClassifier(_config(be)), lambda m: m(tokens())),
+    "DecoderLM": (lambda be: nn.DecoderLM(_config(be, num_classes=None)),
+                  lambda m: m(tokens())),
+    "EncoderDecoder": (lambda be: nn.EncoderDecoder(_config(be, num_classes=None)),
+                       lambda m: m(tokens(), tokens(3))),
+}
+# the relu FFN is one fused operation with its own backward: check it too
+MODULES["FeedForward(relu)"] = (lambda be: nn.FeedForward(C, 16, "relu", backend=be),
+                                MODULES["FeedForward"][1])
+MODULES["FeedForward(swiglu)"] = (lambda be: nn.FeedForward(C, 16, "swiglu", backend=be),
+                                  MODULES["FeedForward"][1])
+
+
+def test_every_module_has_a_case():
+    classes = {name for name in nn.__all__ if isinstance(getattr(nn, name), type)
+               and issubclass(getattr(nn, name), Module)} - {"Module", "ModuleList"}
+    assert classes and classes <= set(MODULES), classes - set(MODULES)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(MODULES))
+def test_backward_before_forward_raises(name, backend):
+    module = MODULES[name][0](backend)
+    with pytest.raises(ValueError, match=r"\.backward needs a forward first"):
+        module.backward(arr(B, T, C))
+
+
+def _bad_gradients(out: np.ndarray):
+    yield "one column short", out[..., :-1]
+    yield "one row", out[:1]  # NumPy would broadcast it to every row
+    yield "one row more", np.concatenate([out, out[:1]])
+    yield "another dtype", out.astype(np.float32)
+    yield "a list", out.tolist()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(MODULES))
+def test_backward_refuses_a_misshapen_gradient(name, backend):
+    build, forward = MODULES[name]
+    module = build(backend)
+    out = forward(module)
+    for label, dout in _bad_gradients(arr(*out.shape, seed=3)):
+        with pytest.raises(ValueError, match="must (have shape|be float64)"):
+            module.backward(dout)
+        assert label  # (the label names the case in a failure's traceback)
+    module.backward(arr(*out.shape, seed=3))  # the control: a right gradient runs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("norm", [nn.LayerNorm, nn.RMSNorm])
+def test_norm_backward_residual_checks_as_backward(norm, backend):
+    module = norm(C, backend=backend)
+    with pytest.raises(ValueError, match="needs a forward first"):
+        module.backward_residual(arr(B, T, C), arr(B, T, C))
+    module(arr(B, T, C))
+    with pytest.raises(ValueError, match="dout must have shape"):
+        module.backward_residual(arr(1, T, C), arr(B, T, C))
+    with pytest.raises(ValueError, match="dres must have shape"):
+        module.backward_residual(arr(B, T, C), arr(1, T, C))
+
+
+def test_positions_added_by_the_embeddings_take_any_batch():
+    """Embeddings add the position rows themselves (``addend``): the backward then takes
+    (B, T, C) for any B, but still refuses another T or C."""
+    positions = nn.LearnedPositions(8, C)
+    positions.addend(T)
+    positions.backward(arr(3, T, C))
+    with pytest.raises(ValueError, match=r"\(B, 4, 8\)"):
+        positions.backward(arr(3, T + 1, C))
+
+
+# --------------------------------------------------------------------------- functional
+def _ops_cases(ops):
+    """name -> (forward call returning (out, cache), backward(dout, cache)) for every
+    backward of a backend."""
+    x, w, b = arr(B, T, C), arr(C), arr(C)
+    q, k = arr(B, H, T, 4), arr(B, H, 5, 4)
+    cos, sin = ops.rope_tables(T, 4)
+    ids = tokens()
+    logits, targets = arr(B, T, V), tokens()
+    cases = {
+        "linear_backward": (lambda: ops.linear_forward(x, arr(C, 5)), ops.linear_backward),
+        "layer_norm_backward": (lambda: ops.layer_norm_forward(x, w, b),
+                                ops.layer_norm_backward),
+        "rms_norm_backward": (lambda: ops.rms_norm_forward(x, w), ops.rms_norm_backward),
+        "layer_norm_backward_residual": (
+            lambda: ops.layer_norm_forward(x, w, b),
+            lambda d, c: ops.layer_norm_backward_residual(d, c, arr(B, T, C, seed=4))),
+        "rms_norm_backward_residual": (
+            lambda: ops.rms_norm_forward(x, w),
+            lambda d, c: ops.rms_norm_backward_residual(d, c, arr(B, T, C, seed=4))),
+        "sdpa_backward": (lambda: ops.sdpa_forward(q, k, k), ops.sdpa_backward),
+        "embedding_backward": (lambda: ops.embedding_forward(ids, arr(V, C)),
+                               ops.embedding_backward),
+        "embeddings_backward": (lambda: ops.embeddings_forward(ids, arr(V, C), 2.0),
+                                lambda d, c: ops.embeddings_backward(d, c, 2.0)),
+        "relu_ffn_backward": (lambda: ops.relu_ffn_forward(x, arr(C, 16), arr(16), arr(16, C),
+                                                           arr(C)), ops.relu_ffn_backward),
+        "softmax_backward": (lambda: ops.softmax_forward(x), ops.softmax_backward),
+        "swiglu_backward": (lambda: ops.swiglu_forward(x, arr(B, T, C, seed=5)),
+                            ops.swiglu_backward),
+        "dropout_backward": (lambda: ops.dropout_forward(x, 0.5, np.random.default_rng(0)),
+                             ops.dropout_backward),
+        "rope_backward": (lambda: (ops.rope_forward(q, cos, sin), None),
+                          lambda d, _: ops.rope_backward(d, cos, sin)),
+    }
+    for act in ("relu", "gelu", "gelu_tanh", "silu"):
+        forward, backward = ops.activation(act)
+        cases[f"{act}_backward"] = (lambda forward=forward: forward(x), backward)
+    return cases, (logits, targets)
+
+
+def test_every_functional_backward_has_a_case():
+    for backend in BACKENDS:
+        ops = get_backend(backend)
+        names = {n for n in vars(ops) if "_backward" in n} - {"cross_entropy_backward"}
+        cases, _ = _ops_cases(ops)
+        assert names == set(cases), names ^ set(cases)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_functional_backward_refuses_a_misshapen_gradient(backend):
+    ops = get_backend(backend)
+    cases, _ = _ops_cases(ops)
+    for name, (forward, backward) in cases.items():
+        out, cache = forward()
+        # rope has no cache: any batch is its input's, only (T, D) is fixed by the tables
+        labels = ("one column short", "a list") if name == "rope_backward" else (
+            "one column short", "one row", "one row more", "a list")
+        for label in labels:
+            dout = dict(_bad_gradients(arr(*out.shape, seed=3)))[label]
+            with pytest.raises(ValueError, match="dout|dy"):
+                backward(dout, cache)
+                pytest.fail(f"{backend} {name} took a dout of {label}")
+        backward(arr(*out.shape, seed=3), cache)  # the control
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cross_entropy_backward_refuses_an_array_dloss(backend):
+    ops = get_backend(backend)
+    _, (logits, targets) = _ops_cases(ops)
+    _, cache = ops.cross_entropy_forward(logits, targets)
+    with pytest.raises(ValueError, match="dloss must be a real number"):
+        ops.cross_entropy_backward(np.ones(B * T), cache)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_embedding_backward_does_not_broadcast_one_row(backend):
+    """The case of issue 14: NumPy's scatter-add spread a one-row dout over every id."""
+    ops = get_backend(backend)
+    _, cache = ops.embedding_forward(tokens(), arr(V, C))
+    with pytest.raises(ValueError, match=r"dout must have shape \(2, 4, 8\)"):
+        ops.embedding_backward(arr(1, C), cache)
+
+
+# --------------------------------------------------------------------------- tokenizer
+def test_tokenizer_refuses_a_lone_surrogate():
+    tok = CharTokenizer("abc")
+    with pytest.raises(ValueError, match=r"text holds a lone surrogate U\+DC80 at position 2"):
+        tok.encode("ab\udc80", unknown="skip")
+    with pytest.raises(ValueError, match=r"U\+D800 at position 3"):
+        CharTokenizer("abc\ud800d")
