@@ -14,6 +14,7 @@ __all__ = ["functional", "gradcheck"]
 # --- nn exports (module layer) ---
 from . import nn  # noqa: E402
 from .nn import (  # noqa: E402
+    LSTMLM,
     Decoder,
     DecoderBlock,
     DecoderLM,
@@ -28,6 +29,7 @@ from .nn import (  # noqa: E402
     LayerNorm,
     LearnedPositions,
     Linear,
+    LSTMConfig,
     Module,
     ModuleList,
     MultiHeadAttention,
@@ -39,7 +41,8 @@ from .nn import (  # noqa: E402
 
 __all__ += ["nn", "Decoder", "DecoderBlock", "DecoderLM", "Dropout", "Embedding", "Embeddings",
             "Encoder", "EncoderBlock", "EncoderClassifier", "EncoderDecoder", "FeedForward",
-            "LayerNorm", "LearnedPositions", "Linear", "Module", "ModuleList",
+            "LayerNorm", "LearnedPositions", "Linear", "LSTMConfig", "LSTMLM", "Module",
+            "ModuleList",
             "MultiHeadAttention", "RMSNorm", "SinusoidalPositions", "TiedOutput",
             "TransformerConfig"]
 # --- end nn exports ---

@@ -33,7 +33,7 @@ from .config import BACKENDS, DEFAULT_BACKEND
 
 # The modules whose ``__all__`` make up a backend: the references, then the kernels over them.
 REFERENCE_MODULES = ("activations", "adam", "attention", "embedding", "fused", "linear",
-                     "norms", "positional", "softmax")
+                     "lstm", "norms", "positional", "softmax")
 KERNEL_MODULES = ("activations", "adam", "attention", "embedding", "feedforward", "linear",
                   "norms", "residual", "softmax")
 
