@@ -142,13 +142,18 @@ def _torch_step(config: dict, threads: int, fused: bool):
 
 
 def worker(variant: str, config_name: str, threads: int) -> None:
-    import resource
-
     config = CONFIGS[config_name]
     if variant.startswith("torch"):
-        step = _torch_step(config, threads, fused=variant == "torch-sdpa")
+        serve(_torch_step(config, threads, fused=variant == "torch-sdpa"))
     else:
-        step = _ours_step(config, variant, threads)
+        serve(_ours_step(config, variant, threads))
+
+
+def serve(step) -> None:
+    """Answer the main process: for each number n read on stdin, time n calls of ``step(i)``
+    (which returns the step's loss) and print one JSON line; a negative n ends it."""
+    import resource
+
     i, first_loss = 0, None
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
@@ -173,16 +178,18 @@ def worker(variant: str, config_name: str, threads: int) -> None:
 # ---------------------------------------------------------------------------------------------
 
 class Worker:
-    """A variant's process: ``run(n)`` times n steps there."""
+    """A variant's process: ``run(n)`` times n steps there. The process is ``script`` (this
+    file, or another benchmark that calls :func:`serve` in its ``--worker`` mode)."""
 
-    def __init__(self, label: str, variant: str, config: str, threads: int, blas: int) -> None:
+    def __init__(self, label: str, variant: str, config: str, threads: int, blas: int,
+                 script: str = __file__) -> None:
         env = dict(os.environ)
         for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             env[var] = str(blas)
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         self.label, self.variant, self.threads, self.blas = label, variant, threads, blas
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--worker", variant, "--config", config,
+            [sys.executable, script, "--worker", variant, "--config", config,
              "--threads", str(threads)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
         self.times: list[float] = []

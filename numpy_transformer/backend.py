@@ -35,7 +35,7 @@ from .config import BACKENDS, DEFAULT_BACKEND
 REFERENCE_MODULES = ("activations", "adam", "attention", "embedding", "fused", "linear",
                      "lstm", "norms", "positional", "softmax")
 KERNEL_MODULES = ("activations", "adam", "attention", "embedding", "feedforward", "linear",
-                  "norms", "residual", "softmax")
+                  "lstm", "norms", "residual", "softmax")
 
 
 class Backend(SimpleNamespace):

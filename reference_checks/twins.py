@@ -381,6 +381,20 @@ class EncoderDecoder(nn.Module):
         return F.linear(x, self.decoder.embed.tokens.weight) if self.head is None else self.head(x)
 
 
+class LSTMLM(nn.Module):
+    """Embedding, ``nn.LSTM`` (batch first), linear head: the twin of our ``LSTMLM``."""
+
+    def __init__(self, c) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(c.vocab, c.embed_width)
+        self.lstm = nn.LSTM(c.embed_width, c.hidden, c.layers, batch_first=True)
+        self.head = nn.Linear(c.hidden, c.vocab)
+
+    def forward(self, tokens, state=None):
+        out, _ = self.lstm(self.embed(tokens), state)
+        return self.head(out)
+
+
 # ============================================================================ twin_of
 def _norm_name(norm) -> str:
     return "layernorm" if isinstance(norm, ours.LayerNorm) else "rmsnorm"
@@ -395,11 +409,15 @@ def _block_kwargs(block) -> dict:
 
 def build_twin(module) -> nn.Module:
     """An untrained twin with the architecture of ``module`` (weights not copied)."""
-    if isinstance(module, (ours.EncoderClassifier, ours.DecoderLM, ours.EncoderDecoder)):
+    if isinstance(module, (ours.EncoderClassifier, ours.DecoderLM, ours.EncoderDecoder,
+                           ours.LSTMLM)):
         return globals()[type(module).__name__](module.config)
     if isinstance(module, ours.Linear):
         c_in, c_out = module.params["w"].shape
         return nn.Linear(c_in, c_out, bias="b" in module.params)
+    if isinstance(module, ours.LSTM):
+        c_in = module.params["w_ih_l0"].shape[0]
+        return nn.LSTM(c_in, module.hidden, module.layers, batch_first=True)
     if isinstance(module, ours.Embedding):
         return nn.Embedding(*module.params["table"].shape)
     if isinstance(module, ours.LayerNorm):
