@@ -51,6 +51,10 @@ def check_lstm_inputs(x, h0, c0, w_ih, w_hh, b) -> tuple[int, int, int, int]:
     bsz, t_len, c_in = x.shape
     check_float("w_hh", w_hh, ndim=2)
     hidden = w_hh.shape[0]
+    if x.size == 0 or hidden == 0:
+        raise ValueError(f"x must hold at least one step of one sequence and the state at "
+                         f"least one unit, got x of shape {x.shape} and w_hh of shape "
+                         f"{w_hh.shape}")
     expected = {"w_ih": (c_in, 4 * hidden), "w_hh": (hidden, 4 * hidden), "b": (4 * hidden,),
                 "h0": (bsz, hidden), "c0": (bsz, hidden)}
     for name, a in (("w_ih", w_ih), ("w_hh", w_hh), ("b", b), ("h0", h0), ("c0", c0)):
@@ -62,10 +66,6 @@ def check_lstm_inputs(x, h0, c0, w_ih, w_hh, b) -> tuple[int, int, int, int]:
                              f"w_hh is {w_hh.shape}), got {a.shape}")
         if a.dtype != x.dtype:
             raise ValueError(f"{name} has dtype {a.dtype}, x has {x.dtype}: they must agree")
-    if x.size == 0 or hidden == 0:
-        raise ValueError(f"x must hold at least one step of one sequence and the state at "
-                         f"least one unit, got x of shape {x.shape} and w_hh of shape "
-                         f"{w_hh.shape}")
     return bsz, t_len, c_in, hidden
 
 
