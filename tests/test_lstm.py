@@ -7,6 +7,9 @@ PyTorch's numbers are in ``reference_checks/test_lstm.py`` (with torch) and
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from _kernel_helpers import TOL, rel_err
@@ -297,3 +300,11 @@ def test_new_state_names_bad_arguments():
         new_state(tiny_lm(), 0)
     with pytest.raises(ValueError, match="needs an LSTMLM or an LSTM"):
         new_state(object(), 1)
+
+
+def test_gradcheck_command_prints_the_lstm_tables():
+    result = subprocess.run([sys.executable, "-m", "numpy_transformer", "gradcheck", "lstm"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "4 checks passed, 0 failed" in result.stdout
+    assert "LSTM LM (embedding, 2 LSTM layers, linear head): random direction" in result.stdout
