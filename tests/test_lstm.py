@@ -7,6 +7,7 @@ PyTorch's numbers are in ``reference_checks/test_lstm.py`` (with torch) and
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ import pytest
 from _kernel_helpers import TOL, rel_err
 from _nn_helpers import assert_gradcheck
 
+from numpy_transformer.checkpoint import load_checkpoint, save_checkpoint
 from numpy_transformer.functional import lstm as ref
 from numpy_transformer.generate import generate
 from numpy_transformer.gradcheck import check_direction, check_module, check_op
@@ -263,7 +265,7 @@ def test_numba_and_numpy_models_agree_in_float32():
         assert rel_err(g_fast, g_ref) <= TOL[np.float32], name
 
 
-def test_trains_checkpoints_and_generates():
+def test_trains_checkpoints_and_generates(tmp_path):
     model = tiny_lm("numba", layers=1)
     rng = np.random.default_rng(9)
     ids = np.tile(np.arange(7), 30)  # a cycle: easy to learn
@@ -275,8 +277,12 @@ def test_trains_checkpoints_and_generates():
         y = np.stack([ids[s + 1:s + 7] for s in starts])
         losses.append(trainer.step(Batch((x,), y)).loss)
     assert losses[-1] < 0.3 * losses[0]
-    copy = tiny_lm("numba", layers=1, seed=1)
-    copy.load_state_dict(model.state_dict())
+    save_checkpoint(tmp_path / "lstm.npz", step=60, model=model, optimizer=trainer.optimizer,
+                    rng={}, config=dataclasses.asdict(model.config), options={},
+                    tokenizer=None, meta={"model": "LSTMLM"})
+    ckpt = load_checkpoint(tmp_path / "lstm.npz")
+    copy = LSTMLM(LSTMConfig(**ckpt.config))
+    copy.load_state_dict(ckpt.params)
     out = generate(copy, [0, 1, 2], 12, None, greedy=True)
     np.testing.assert_array_equal(out, np.arange(15) % 7)  # it continues the cycle
 
