@@ -38,6 +38,7 @@ class LSTMCache(NamedTuple):
     w_hh: np.ndarray  # (H, 4H)
     gates: np.ndarray  # (B, T, 4H) i, f, g, o after their nonlinearities, equation (2)
     c: np.ndarray  # (B, T, H) cell states c_1 .. c_T
+    tanh_c: np.ndarray  # (B, T, H) tanh(c_t), equation (4)
     h: np.ndarray  # (B, T, H) hidden states h_1 .. h_T: the forward's output itself
 
 
@@ -124,6 +125,7 @@ def lstm_forward(x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None, w_
     z_in = x @ w_ih + b  # (1) the input part for every step at once: (B, T, 4H)
     gates = np.empty((bsz, t_len, 4 * hidden), dtype=x.dtype)  # (B, T, 4H)
     c = np.empty((bsz, t_len, hidden), dtype=x.dtype)  # (B, T, H)
+    tanh_c = np.empty((bsz, t_len, hidden), dtype=x.dtype)  # (B, T, H)
     h = np.empty((bsz, t_len, hidden), dtype=x.dtype)  # (B, T, H)
     h_prev, c_prev = h0, c0
     for t in range(t_len):
@@ -131,11 +133,12 @@ def lstm_forward(x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None, w_
         i, f, o = (_sigmoid(z[:, k * hidden:(k + 1) * hidden]) for k in (0, 1, 3))  # (2)
         g = np.tanh(z[:, 2 * hidden:3 * hidden])
         c[:, t] = f * c_prev + i * g  # (3)
-        h[:, t] = o * np.tanh(c[:, t])  # (4)
+        tanh_c[:, t] = np.tanh(c[:, t])
+        h[:, t] = o * tanh_c[:, t]  # (4)
         gates[:, t] = np.concatenate([i, f, g, o], axis=1)
         h_prev, c_prev = h[:, t], c[:, t]
     final = (h[:, -1].copy(), c[:, -1].copy())
-    return h, final, LSTMCache(x, h0, c0, w_ih, w_hh, gates, c, h)
+    return h, final, LSTMCache(x, h0, c0, w_ih, w_hh, gates, c, tanh_c, h)
 
 
 def lstm_backward(dout: np.ndarray, dh_T: np.ndarray | None, dc_T: np.ndarray | None,
@@ -159,7 +162,7 @@ def lstm_backward(dout: np.ndarray, dh_T: np.ndarray | None, dc_T: np.ndarray | 
     db : ndarray of shape (4H,)
         Also the gradient of each of PyTorch's two biases.
     """
-    x, h0, c0, w_ih, w_hh, gates, c, h = cache
+    x, h0, c0, w_ih, w_hh, gates, c, tanh_c, h = cache
     bsz, t_len, hidden = h.shape
     dz = np.empty_like(gates)  # (B, T, 4H) dLoss/d z_t, filled from the last step back
     dh_next = np.zeros((bsz, hidden), x.dtype) if dh_T is None else dh_T  # reaches h_t from t+1
@@ -168,11 +171,11 @@ def lstm_backward(dout: np.ndarray, dh_T: np.ndarray | None, dc_T: np.ndarray | 
     for t in reversed(range(t_len)):
         i, f, g, o = (gates[:, t, k * hidden:(k + 1) * hidden] for k in range(4))  # (B, H)
         c_prev = c0 if t == 0 else c[:, t - 1]
-        tanh_c = np.tanh(c[:, t])
+        tc = tanh_c[:, t]
         dh = dout[:, t] + dh_next  # h_t feeds the output and step t+1's (1)
         # (4) h_t = o ⊙ tanh(c_t)   =>   do = dh ⊙ tanh(c_t),  dc_t += dh ⊙ o ⊙ (1 - tanh²(c_t))
-        do = dh * tanh_c
-        dc = dc + dh * o * (one - tanh_c * tanh_c)
+        do = dh * tc
+        dc = dc + dh * o * (one - tc * tc)
         # (3) c_t = f ⊙ c_{t-1} + i ⊙ g   =>   di = dc ⊙ g,  df = dc ⊙ c_{t-1},  dg = dc ⊙ i
         # (2) σ' = σ (1 - σ),  tanh' = 1 - tanh²   =>   dz_i = di ⊙ i (1 - i), ...
         dz[:, t, :hidden] = dc * g * i * (one - i)

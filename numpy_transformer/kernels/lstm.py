@@ -12,10 +12,11 @@ with the very same ``LSTMCache``. In the reference's step numbers:
   once. The time loop then does, per step, only the product ``h_{t-1} W_hh`` (added onto that
   step's rows) and one fused pass over the gates: (2), (3) and (4) element by element, the
   activated gates written over their pre-activations.
-* Backward. Per step, one fused pass computes ``dz_t`` from (4), (3), (2) and carries
-  ``dc``; one product gives ``dh_{t-1} = dz_t W_hh^T``. The weight gradients and ``dx`` of
-  (1) wait until the loop is done: ``sum_t x_t^T dz_t`` and ``sum_t h_{t-1}^T dz_t`` are each
-  one product over all steps, as is ``dx = dz W_ih^T``.
+* Backward. Per step, one fused pass computes ``dz_t`` from (4), (3), (2) (from the gates
+  and ``tanh(c_t)`` the forward kept: no exp in the backward) and carries ``dc``, adding
+  ``dz_t`` into ``db`` as it goes; one product gives ``dh_{t-1} = dz_t W_hh^T``. The weight
+  gradients and ``dx`` of (1) wait until the loop is done: ``sum_t x_t^T dz_t`` and
+  ``sum_t h_{t-1}^T dz_t`` are each one product over all steps, as is ``dx = dz W_ih^T``.
 
 Sequences never interact, so the batch is cut into chunks of sequences and each chunk runs
 its whole time loop, forward or backward, on one of Numba's threads: no thread waits for
@@ -68,10 +69,11 @@ def _tanh(z, one):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, **_JIT)
-def _forward_kernel(x2, h0, c0, w_ih, w_hh, b, n_chunks, gemm_fn, z2, h2, c2):
+def _forward_kernel(x2, h0, c0, w_ih, w_hh, b, n_chunks, gemm_fn, z2, h2, c2, tc2):
     # pragma: no cover - compiled
     # x2: (B T, C), row b T + t is x_t of sequence b; h0, c0: (B, H); w_ih: (C, 4H);
-    # w_hh: (H, 4H); b: (4H,) -> z2: (B T, 4H) gates, h2 and c2: (B T, H), rows as x2's
+    # w_hh: (H, 4H); b: (4H,) -> z2: (B T, 4H) gates, h2, c2, tc2 = tanh(c2): (B T, H),
+    # rows as x2's
     bsz, hidden = h0.shape
     t_len = z2.shape[0] // bsz
     one = z2.dtype.type(1)
@@ -93,7 +95,7 @@ def _forward_kernel(x2, h0, c0, w_ih, w_hh, b, n_chunks, gemm_fn, z2, h2, c2):
             for r in range(hi - lo):
                 q = r0 + r * t_len + t
                 c_prev = c0[lo + r] if t == 0 else c2[q - 1]
-                zq, cq, hq = z2[q], c2[q], h2[q]
+                zq, cq, tq, hq = z2[q], c2[q], tc2[q], h2[q]
                 for j in range(hidden):
                     i = _sigmoid(zq[j], one)  # (2)
                     f = _sigmoid(zq[hidden + j], one)
@@ -101,12 +103,13 @@ def _forward_kernel(x2, h0, c0, w_ih, w_hh, b, n_chunks, gemm_fn, z2, h2, c2):
                     o = _sigmoid(zq[3 * hidden + j], one)
                     zq[j], zq[hidden + j], zq[2 * hidden + j], zq[3 * hidden + j] = i, f, g, o
                     cq[j] = f * c_prev[j] + i * g  # (3)
-                    hq[j] = o * _tanh(cq[j], one)  # (4)
+                    tq[j] = _tanh(cq[j], one)
+                    hq[j] = o * tq[j]  # (4)
 
 
 @njit(parallel=True, **_JIT)
-def _backward_kernel(dout2, x2, h0, c0, w_ih_t, w_hh_t, gates2, h2, c2, n_chunks, gemm_fn,
-                     dh, dc, dz2, dx2, dw_ih_part, dw_hh_part, db_part):
+def _backward_kernel(dout2, x2, h0, c0, w_ih_t, w_hh_t, gates2, h2, c2, tc2, n_chunks,
+                     gemm_fn, dh, dc, dz2, dx2, dw_ih_part, dw_hh_part, db_part):
     # pragma: no cover - compiled
     # rows as in _forward_kernel; w_ih_t (4H, C) and w_hh_t (4H, H) are C-contiguous copies
     # of the transposed weights (a product with them runs 1.4x faster than with the
@@ -125,12 +128,12 @@ def _backward_kernel(dout2, x2, h0, c0, w_ih_t, w_hh_t, gates2, h2, c2, n_chunks
             for r in range(hi - lo):
                 q = r0 + r * t_len + t
                 c_prev = c0[lo + r] if t == 0 else c2[q - 1]
-                gq, cq, dq, dzq = gates2[q], c2[q], dout2[q], dz2[q]
+                gq, tq, dq, dzq = gates2[q], tc2[q], dout2[q], dz2[q]
                 dh_r, dc_r = dh[lo + r], dc[lo + r]
                 for j in range(hidden):
                     i, f = gq[j], gq[hidden + j]
                     g, o = gq[2 * hidden + j], gq[3 * hidden + j]
-                    tanh_c = _tanh(cq[j], one)
+                    tanh_c = tq[j]
                     dh_j = dq[j] + dh_r[j]  # from above, and from step t+1's (1)
                     # (4) h = o tanh(c)  =>  do = dh tanh(c),  dc += dh o (1 - tanh^2(c))
                     dc_j = dc_r[j] + dh_j * o * (one - tanh_c * tanh_c)
@@ -187,12 +190,14 @@ def lstm_forward(x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
     gates = np.empty((bsz, t_len, 4 * hidden), dtype)  # (B, T, 4H)
     h = np.empty((bsz, t_len, hidden), dtype)  # (B, T, H)
     c = np.empty((bsz, t_len, hidden), dtype)
+    tanh_c = np.empty((bsz, t_len, hidden), dtype)
     with blas_on_calling_thread():
         _forward_kernel(x.reshape(-1, c_in), h0, c0, w_ih, w_hh, b, _chunks(bsz),
                         gemm_address(dtype), gates.reshape(-1, 4 * hidden),
-                        h.reshape(-1, hidden), c.reshape(-1, hidden))
+                        h.reshape(-1, hidden), c.reshape(-1, hidden),
+                        tanh_c.reshape(-1, hidden))
     final = (h[:, -1].copy(), c[:, -1].copy())
-    return h, final, LSTMCache(x, h0, c0, w_ih, w_hh, gates, c, h)
+    return h, final, LSTMCache(x, h0, c0, w_ih, w_hh, gates, c, tanh_c, h)
 
 
 def lstm_backward(dout: np.ndarray, dh_T: np.ndarray | None, dc_T: np.ndarray | None,
@@ -208,7 +213,7 @@ def lstm_backward(dout: np.ndarray, dh_T: np.ndarray | None, dc_T: np.ndarray | 
     if not isinstance(cache, LSTMCache):
         raise ValueError(f"cache must be the LSTMCache of lstm_forward, got "
                          f"{type(cache).__name__}")
-    x, h0, c0, w_ih, w_hh, gates, c, h = cache
+    x, h0, c0, w_ih, w_hh, gates, c, tanh_c, h = cache
     bsz, t_len, hidden = h.shape
     dtype = x.dtype
     if not isinstance(dout, np.ndarray) or dout.shape != h.shape:
@@ -218,7 +223,8 @@ def lstm_backward(dout: np.ndarray, dh_T: np.ndarray | None, dc_T: np.ndarray | 
     dh = _state("dh_T", dh_T, (bsz, hidden), dtype)  # becomes dh0
     dc = _state("dc_T", dc_T, (bsz, hidden), dtype)  # becomes dc0
     # the reference's cache may hold non-contiguous arrays; the kernel's own are contiguous
-    x, h0, c0, gates, c, h = (np.ascontiguousarray(a) for a in (x, h0, c0, gates, c, h))
+    x, h0, c0, gates, c, tanh_c, h = (np.ascontiguousarray(a)
+                                      for a in (x, h0, c0, gates, c, tanh_c, h))
     chunks, c_in = _chunks(bsz), x.shape[-1]
     dz = np.empty((bsz * t_len, 4 * hidden), dtype)  # (B T, 4H)
     dx = np.empty((bsz, t_len, c_in), dtype)
@@ -229,7 +235,8 @@ def lstm_backward(dout: np.ndarray, dh_T: np.ndarray | None, dc_T: np.ndarray | 
         _backward_kernel(dout.reshape(-1, hidden), x.reshape(-1, c_in), h0, c0,
                          np.ascontiguousarray(w_ih.T), np.ascontiguousarray(w_hh.T),
                          gates.reshape(-1, 4 * hidden), h.reshape(-1, hidden),
-                         c.reshape(-1, hidden), chunks, gemm_address(dtype), dh, dc, dz,
+                         c.reshape(-1, hidden), tanh_c.reshape(-1, hidden), chunks,
+                         gemm_address(dtype), dh, dc, dz,
                          dx.reshape(-1, c_in), dw_ih_part, dw_hh_part, db_part)
     return (dx, dh, dc, dw_ih_part.sum(axis=0), dw_hh_part.sum(axis=0),
             db_part.sum(axis=0).astype(dtype))
