@@ -4,6 +4,7 @@ Usage (from the repository root)::
 
     python benchmarks/bench_lstm.py                    # 2 threads, 40 steps each, 8 rounds
     python benchmarks/bench_lstm.py --threads 1,2 --steps 60
+    python benchmarks/bench_lstm.py --quick            # a few steps
 
 The model is ``LSTMLM(LSTMConfig(vocab=104, embed=85, hidden=128, max_len=100))``: 132,336
 parameters, the size of the three-way comparison (``experiments/charlm.py``), float32, at
@@ -98,6 +99,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8,
                         help="the steps are asked for in this many turns per variant")
     parser.add_argument("--threads", default="2", help="thread counts to measure, e.g. 1,2")
+    parser.add_argument("--quick", action="store_true", help="2 warm-up + 6 steps, 2 rounds")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)  # the Worker passes one
     args = parser.parse_args()
@@ -106,6 +108,8 @@ def main() -> None:
         bench.serve(_torch_step(threads[0]) if args.worker == "torch"
                     else _ours_step(threads[0]))
         return
+    if args.quick:
+        args.warmup, args.steps, args.rounds = 2, 6, 2
 
     print(bench.machine_info(), flush=True)
     print(f"LSTMLM {MODEL}, float32, batch {BATCH} x context {CONTEXT}; {args.warmup} "
