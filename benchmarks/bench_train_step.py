@@ -142,13 +142,18 @@ def _torch_step(config: dict, threads: int, fused: bool):
 
 
 def worker(variant: str, config_name: str, threads: int) -> None:
-    import resource
-
     config = CONFIGS[config_name]
     if variant.startswith("torch"):
-        step = _torch_step(config, threads, fused=variant == "torch-sdpa")
+        serve(_torch_step(config, threads, fused=variant == "torch-sdpa"))
     else:
-        step = _ours_step(config, variant, threads)
+        serve(_ours_step(config, variant, threads))
+
+
+def serve(step) -> None:
+    """Answer the main process: for each number n read on stdin, time n calls of ``step(i)``
+    (which returns the step's loss) and print one JSON line; a negative n ends it."""
+    import resource
+
     i, first_loss = 0, None
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
@@ -173,16 +178,18 @@ def worker(variant: str, config_name: str, threads: int) -> None:
 # ---------------------------------------------------------------------------------------------
 
 class Worker:
-    """A variant's process: ``run(n)`` times n steps there."""
+    """A variant's process: ``run(n)`` times n steps there. The process is ``script`` (this
+    file, or another benchmark that calls :func:`serve` in its ``--worker`` mode)."""
 
-    def __init__(self, label: str, variant: str, config: str, threads: int, blas: int) -> None:
+    def __init__(self, label: str, variant: str, config: str, threads: int, blas: int,
+                 script: str = __file__) -> None:
         env = dict(os.environ)
         for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             env[var] = str(blas)
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         self.label, self.variant, self.threads, self.blas = label, variant, threads, blas
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--worker", variant, "--config", config,
+            [sys.executable, script, "--worker", variant, "--config", config,
              "--threads", str(threads)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
         self.times: list[float] = []
@@ -225,6 +232,20 @@ def machine_info() -> str:
             f"{', '.join(f'{x:.1f}' for x in load)}")
 
 
+def run_in_turn(workers: list, warmup: int, steps: int, rounds: int) -> list[float]:
+    """Warm every worker up, then ask them in turn for ``steps`` measured steps in ``rounds``
+    rounds, so that load from elsewhere hits every variant alike; returns their peak RSS."""
+    for w in workers:
+        w.wait_ready()
+    for w in workers:
+        w.run(warmup, keep=False)
+    per_round = [steps // rounds + (r < steps % rounds) for r in range(rounds)]
+    for n in per_round:
+        for w in workers:
+            w.run(n)
+    return [w.close() for w in workers]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", choices=sorted(CONFIGS), default="chapter")
@@ -260,16 +281,7 @@ def main() -> None:
           f"{config['context']}; {args.warmup} warm-up + {args.steps} measured steps per "
           f"variant in {args.rounds} rounds", flush=True)
     workers = [Worker(label, v, args.config, n, blas) for label, v, n, blas in variants]
-    for w in workers:
-        w.wait_ready()
-    for w in workers:
-        w.run(args.warmup, keep=False)
-    per_round = [args.steps // args.rounds + (r < args.steps % args.rounds)
-                 for r in range(args.rounds)]
-    for n in per_round:
-        for w in workers:  # in turn, so load from elsewhere hits every variant alike
-            w.run(n)
-    rss = [w.close() for w in workers]
+    rss = run_in_turn(workers, args.warmup, args.steps, args.rounds)
 
     import numpy as np
 

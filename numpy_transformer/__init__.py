@@ -19,9 +19,9 @@ from ._version import __version__
 _SUBMODULES = ("functional", "gradcheck", "nn")
 _NN_EXPORTS = ("Decoder", "DecoderBlock", "DecoderLM", "Dropout", "Embedding", "Embeddings",
                "Encoder", "EncoderBlock", "EncoderClassifier", "EncoderDecoder", "FeedForward",
-               "LayerNorm", "LearnedPositions", "Linear", "Module", "ModuleList",
-               "MultiHeadAttention", "RMSNorm", "SinusoidalPositions", "TiedOutput",
-               "TransformerConfig")
+               "LayerNorm", "LearnedPositions", "Linear", "LSTMConfig", "LSTMLM", "Module",
+               "ModuleList", "MultiHeadAttention", "RMSNorm", "SinusoidalPositions",
+               "TiedOutput", "TransformerConfig")
 
 __all__ = ["__version__", *_SUBMODULES, *_NN_EXPORTS]
 

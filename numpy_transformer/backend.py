@@ -33,9 +33,9 @@ from .config import BACKENDS, DEFAULT_BACKEND
 
 # The modules whose ``__all__`` make up a backend: the references, then the kernels over them.
 REFERENCE_MODULES = ("activations", "adam", "attention", "embedding", "fused", "linear",
-                     "norms", "positional", "softmax")
+                     "lstm", "norms", "positional", "softmax")
 KERNEL_MODULES = ("activations", "adam", "attention", "embedding", "feedforward", "linear",
-                  "norms", "residual", "softmax")
+                  "lstm", "norms", "residual", "softmax")
 
 
 class Backend(SimpleNamespace):

@@ -1,4 +1,5 @@
-"""``TransformerConfig`` and the names of every choice it offers: the one place they are defined.
+"""``TransformerConfig``, ``LSTMConfig`` and the names of every choice they offer: the one place
+they are defined.
 
 The modules, the backend seam and the command line all read the names below; none of them
 keeps its own list. Adding a choice starts here (``docs/architecture.md`` has the recipe).
@@ -87,4 +88,51 @@ class TransformerConfig:
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         check_config_fits(self)  # a size that cannot fit is refused before anything is made
+        return self
+
+
+@dataclass
+class LSTMConfig:
+    """Hyperparameters of :class:`LSTMLM`: token embedding, stacked LSTM, linear head.
+
+    It offers the trainer, checkpoints and generation what ``TransformerConfig`` does
+    (``vocab``, ``max_len``, ``backend``, ``dtype``, ``seed``). An LSTM has no position table:
+    ``max_len`` is the length of the training windows (and of the fixed windows of the
+    held-out loss), not a limit on what the model can read.
+
+    The three-way char-LM comparison (``experiments/charlm.py``) uses
+    ``LSTMConfig(vocab=104, embed=85, hidden=128, max_len=100)``: 132,336 parameters, within
+    0.2% of the chapter's Transformer (132,488); the chapter's own LSTM had 133,224.
+    """
+
+    vocab: int  # V: token ids lie in [0, vocab)
+    hidden: int  # H: width of the hidden and cell states; the gates are 4H wide
+    max_len: int  # T of the training windows (the chapter's context of 100 characters)
+    embed: int | None = None  # E: width of the token embedding; None = hidden
+    layers: int = 1  # stacked LSTM layers; layer k > 0 reads layer k - 1's hidden states
+    #   (every weight and both biases start U(-1/sqrt(H), 1/sqrt(H)), torch.nn.LSTM's init,
+    #   the forget gate's bias included: the chapter adds no forget-gate offset)
+    embed_std: float = 1.0  # token embedding init N(0, std^2): torch.nn.Embedding's default
+    backend: str = DEFAULT_BACKEND  # which implementation of the operations runs: see BACKENDS
+    dtype: str = "float64"  # float64 for gradient checks; float32 for faster training
+    seed: int = 0  # one seed fixes every initial tensor
+
+    @property
+    def embed_width(self) -> int:
+        """E, the embedding width actually used (``embed``, or ``hidden`` when None)."""
+        return self.hidden if self.embed is None else self.embed
+
+    def validate(self) -> LSTMConfig:
+        """Raise ``ValueError`` naming the first bad value; returns ``self`` when all is well."""
+        from ._checks import check_choice, check_positive  # as in TransformerConfig.validate
+
+        for name in ("vocab", "hidden", "max_len", "layers"):
+            check_positive(name, getattr(self, name), integer=True)
+        if self.embed is not None:
+            check_positive("embed", self.embed, integer=True)
+        check_positive("embed_std", self.embed_std)
+        for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES)):
+            check_choice(name, getattr(self, name), allowed)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
         return self

@@ -40,6 +40,15 @@ never saw in training. Both policies here are, at every step, exactly ``model.fo
 window of the sequence; they agree with each other until the sequence first exceeds
 ``max_len``, and after that ``refill`` reads a shorter window than ``recompute``.
 
+A recurrent model
+-----------------
+An :class:`~numpy_transformer.nn.LSTMLM` has no window and no position table: its state
+(h, c) summarises the whole sequence so far. :class:`RecurrentDecoder` reads the prompt once
+and then runs one step of the recurrence per new token, ``model.forward(token, state=state)``,
+whatever the length: there is nothing to crop, refill or recompute, so ``policy`` and ``keep``
+do not apply to it. ``use_cache=False`` re-reads the whole sequence from a zero state at every
+step instead, the reference the carried state is tested against.
+
 References
 ----------
 Holtzman et al., "The Curious Case of Neural Text Degeneration", 2020 (nucleus sampling).
@@ -53,6 +62,7 @@ import numpy as np
 
 from ._checks import check_ids
 from .nn.decoding import new_cache
+from .nn.lstm import LSTMLM, new_state
 from .nn.models import DecoderLM, EncoderDecoder
 
 POLICIES = ("refill", "recompute")
@@ -280,6 +290,40 @@ class WindowedDecoder:
         return self.model.forward(next_ids, cache=self.cache)[:, -1]  # one new row
 
 
+class RecurrentDecoder:
+    """Next-token logits of a growing sequence from an :class:`LSTMLM`, its state carried.
+
+    The same ``start`` / ``append`` interface as :class:`WindowedDecoder`, without a window:
+    with ``use_cache`` the prompt is read once and each appended token costs one step;
+    without, the whole sequence so far is read again from a zero state (the same logits).
+
+    Attributes
+    ----------
+    ids : ndarray of int64, shape (B, T)
+        The whole sequence so far.
+    state : LSTMState or None
+        The state after the last token read (with ``use_cache``).
+    """
+
+    def __init__(self, model: LSTMLM, use_cache: bool = True) -> None:
+        self.model, self.use_cache = model, use_cache
+        self.ids = self.state = None
+
+    def start(self, prompt_ids: np.ndarray) -> np.ndarray:
+        """Begin with ``prompt_ids`` (B, T); returns the logits (B, V) of the next token."""
+        self.ids = np.asarray(prompt_ids, dtype=np.int64)
+        self.state = new_state(self.model, self.ids.shape[0]) if self.use_cache else None
+        return self.model.forward(self.ids, state=self.state)[:, -1]
+
+    def append(self, next_ids: np.ndarray) -> np.ndarray:
+        """Append one token per sequence, ``next_ids`` (B,); returns the next logits (B, V)."""
+        next_ids = np.asarray(next_ids, dtype=np.int64).reshape(-1, 1)  # (B, 1)
+        self.ids = np.concatenate([self.ids, next_ids], axis=1)
+        if not self.use_cache:
+            return self.model.forward(self.ids)[:, -1]
+        return self.model.forward(next_ids, state=self.state)[:, -1]  # one step
+
+
 # ---------------------------------------------------------------------- generation
 
 
@@ -297,16 +341,18 @@ def _check_steps(steps) -> None:
         raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
 
 
-def generate(model: DecoderLM, prompt_ids, steps: int, rng: np.random.Generator | None,
-             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-             greedy: bool = False, use_cache: bool = True, policy: str = "refill",
+def generate(model: DecoderLM | LSTMLM, prompt_ids, steps: int,
+             rng: np.random.Generator | None, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, greedy: bool = False,
+             use_cache: bool = True, policy: str | None = None,
              keep: int | None = None) -> np.ndarray:
     """Continue ``prompt_ids`` by ``steps`` tokens sampled from ``model``.
 
     Parameters
     ----------
-    model : DecoderLM
-        Run in eval mode (dropout off); its previous mode is restored afterwards.
+    model : DecoderLM or LSTMLM
+        Run in eval mode (dropout off); its previous mode is restored afterwards. An LSTMLM
+        carries its state from token to token (:class:`RecurrentDecoder`).
     prompt_ids : array of int, shape (T,) or (B, T)
         T >= 1 token ids in ``[0, vocab)``; longer than ``max_len`` is allowed (the window
         policy crops it).
@@ -318,13 +364,16 @@ def generate(model: DecoderLM, prompt_ids, steps: int, rng: np.random.Generator 
     temperature, top_k, top_p, greedy
         How each token is drawn, see :func:`sample_next`.
     use_cache : bool, default True
-        Decode with the key/value cache (one new row per step). False recomputes the window
+        Decode with the key/value cache (one new row per step), or the LSTM's carried state
+        (one step per token). False recomputes the window (the whole sequence, for an LSTM)
         with a full forward every step: slower, the same logits (the reference).
-    policy : {"refill", "recompute"}, default "refill"
-        What happens at ``max_len``; see the module docstring. ``"recompute"`` with
-        ``use_cache=False`` is the chapter's cropped-window sampler.
+    policy : {"refill", "recompute"}, optional
+        What a DecoderLM does at ``max_len``; see the module docstring. Default ``"refill"``;
+        ``"recompute"`` with ``use_cache=False`` is the chapter's cropped-window sampler. An
+        LSTMLM has no window: leave it None.
     keep : int, optional
         Tokens kept when the window is full (``policy="refill"``; default ``max_len // 2``).
+        Not for an LSTMLM.
 
     Returns
     -------
@@ -334,18 +383,26 @@ def generate(model: DecoderLM, prompt_ids, steps: int, rng: np.random.Generator 
     Raises
     ------
     ValueError
-        For a model that is not a ``DecoderLM``, ids outside the vocabulary, an empty prompt,
-        negative ``steps``, an unknown policy, a bad ``keep`` or bad sampling options.
+        For a model that is not a ``DecoderLM`` or an ``LSTMLM``, ids outside the vocabulary,
+        an empty prompt, negative ``steps``, an unknown policy, a bad ``keep``, a policy or
+        ``keep`` for an LSTMLM, or bad sampling options.
     """
-    if not isinstance(model, DecoderLM):
-        raise ValueError(f"generate needs a DecoderLM, got {type(model).__name__}")
+    if isinstance(model, LSTMLM):
+        if policy is not None or keep is not None:
+            raise ValueError(f"policy={policy!r} and keep={keep!r} choose a Transformer's "
+                             f"window; an LSTMLM reads none (its state carries the sequence)")
+        decoder = RecurrentDecoder(model, use_cache=use_cache)
+    elif isinstance(model, DecoderLM):
+        decoder = WindowedDecoder(model, use_cache=use_cache, policy=policy or "refill",
+                                  keep=keep)
+    else:
+        raise ValueError(f"generate needs a DecoderLM or an LSTMLM, got {type(model).__name__}")
     prompt, single = _check_prompt("prompt_ids", prompt_ids, model.config.vocab)
     _check_steps(steps)
     _check_sampling(temperature, top_k, top_p)
     if not greedy and not isinstance(rng, np.random.Generator):
         raise ValueError(f"rng must be a np.random.Generator when sampling, got "
                          f"{type(rng).__name__}")
-    decoder = WindowedDecoder(model, use_cache=use_cache, policy=policy, keep=keep)
     was_training = model.training
     model.eval()
     try:

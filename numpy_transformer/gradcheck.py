@@ -129,10 +129,12 @@ def check_op(forward: Callable, backward: Callable, inputs: dict[str, np.ndarray
     Parameters
     ----------
     forward : callable
-        ``forward(*inputs.values()) -> (out, cache)``.
+        ``forward(*inputs.values()) -> (out, cache)``; ``out`` may be a tuple of arrays (an
+        LSTM's output and final state), each then gets its own random upstream gradient.
     backward : callable
         ``backward(dout, cache)`` returning one gradient per input, in the order of
-        ``inputs`` (a single array when there is one input).
+        ``inputs`` (a single array when there is one input); ``dout`` is a tuple when
+        ``out`` is.
     inputs : dict of str to float64 ndarray
         The differentiable inputs by name; bind anything else (masks, eps) into ``forward``.
     seed : int
@@ -157,12 +159,16 @@ def check_op(forward: Callable, backward: Callable, inputs: dict[str, np.ndarray
     _require_float64(inputs)
     args = list(inputs.values())
     out, cache = forward(*args)
-    g = np.random.default_rng(seed).standard_normal(np.shape(out))
-    grads = backward(g, cache)
+    several = isinstance(out, tuple)
+    gen = np.random.default_rng(seed)
+    gs = tuple(gen.standard_normal(np.shape(o)) for o in (out if several else (out,)))
+    grads = backward(gs if several else gs[0], cache)
     grads = (grads,) if len(args) == 1 else tuple(grads)
 
     def loss() -> float:
-        return float((forward(*args)[0] * g).sum())
+        outs = forward(*args)[0]
+        return float(sum((o * g).sum() for o, g in zip(outs if several else (outs,), gs,
+                                                        strict=True)))
 
     report = GradcheckReport(title)
     for (name, x), analytic in zip(inputs.items(), grads, strict=True):

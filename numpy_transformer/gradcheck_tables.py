@@ -112,7 +112,34 @@ def model_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckRep
                                                                  title=f"{t}: random direction")
 
 
-SECTIONS = {"ops": op_checks, "modules": module_checks, "models": model_checks}
+def lstm_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckReport]]:
+    """The LSTM pair (initial state in, gradients into the output and the final state), a
+    two-layer LSTM module, and the LSTMLM (every parameter, and one random direction)."""
+    from .nn import LSTM, LSTMLM, LSTMConfig
+
+    x, tokens = rng.normal(size=(2, 4, 3)), rng.integers(0, 7, size=(2, 5))
+    state = {"h0": rng.normal(size=(2, 4)), "c0": rng.normal(size=(2, 4))}
+    weights = {"w_ih": 0.5 * rng.normal(size=(3, 16)), "w_hh": 0.5 * rng.normal(size=(4, 16)),
+               "b": rng.normal(size=16)}
+
+    def forward(*args):  # out, h_T and c_T each get their own random upstream gradient
+        out, (h_t, c_t), cache = F.lstm_forward(*args)
+        return (out, h_t, c_t), cache
+
+    yield lambda: check_op(forward, lambda g, cache: F.lstm_backward(*g, cache),
+                           {"x": x.copy(), **state, **weights},
+                           title="lstm (initial state, final state used)")
+    yield lambda: check_module(LSTM(3, 4, layers=2, rng=rng, backend="numpy"), {"x": x.copy()},
+                               title="LSTM module (2 layers)")
+    model = LSTMLM(LSTMConfig(vocab=7, embed=4, hidden=5, layers=2, max_len=5,
+                              backend="numpy"))
+    title = "LSTM LM (embedding, 2 LSTM layers, linear head)"
+    yield lambda: check_module(model, {"tokens": tokens}, title=title)
+    yield lambda: check_direction(model, {"tokens": tokens}, title=f"{title}: random direction")
+
+
+SECTIONS = {"ops": op_checks, "modules": module_checks, "models": model_checks,
+            "lstm": lstm_checks}
 
 
 def print_tables(names: list[str] | None = None, tol: float = 1e-6, seed: int = 0) -> bool:
@@ -121,7 +148,7 @@ def print_tables(names: list[str] | None = None, tol: float = 1e-6, seed: int = 
     Parameters
     ----------
     names : list of str, optional
-        Sections from ``SECTIONS``: ``"ops"``, ``"modules"``, ``"models"``.
+        Sections from ``SECTIONS``: ``"ops"``, ``"modules"``, ``"models"``, ``"lstm"``.
     tol : float
         Largest relative error a tensor may have.
     seed : int

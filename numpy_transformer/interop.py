@@ -20,7 +20,14 @@ MultiHeadAttention   ``bq`` (C,)                ``q_proj.bias`` (C,)            
 MultiHeadAttention   ``wk``, ``bk``             ``k_proj.weight``, ``.bias``    as q
 MultiHeadAttention   ``wv``, ``bv``             ``v_proj.weight``, ``.bias``    as q
 MultiHeadAttention   ``wo``, ``bo``             ``out_proj.weight``, ``.bias``  as q
+LSTM                 ``w_ih_l0`` (C_in, 4H)     ``weight_ih_l0`` (4H, C_in)     transpose
+LSTM                 ``w_hh_l0`` (H, 4H)        ``weight_hh_l0`` (4H, H)        transpose
+LSTM                 ``b_ih_l0``, ``b_hh_l0``   ``bias_ih_l0``, ``bias_hh_l0``  same
 ===================  =========================  ==============================  =========
+
+An LSTM has one such group per layer (``_l0``, ``_l1``, ...), as ``torch.nn.LSTM``; the
+gate blocks (i, f, g, o) are in PyTorch's order on both sides, so the transposition is all
+that changes.
 
 Queries, keys and values keep three separate ``nn.Linear`` projections (as Hugging Face's
 LLaMA port does), not the fused ``in_proj_weight`` of ``nn.MultiheadAttention``:
@@ -45,6 +52,7 @@ import numpy as np
 
 from .nn.attention import MultiHeadAttention
 from .nn.layers import Embedding, LayerNorm, Linear, RMSNorm
+from .nn.lstm import LSTM
 from .nn.module import Module
 from .nn.positional import LearnedPositions
 
@@ -65,6 +73,14 @@ _LEAVES: dict[type, dict[str, tuple[str, bool]]] = {
         "wo": ("out_proj.weight", True), "bo": ("out_proj.bias", False),
     },
 }
+
+
+def _leaves(module: Module) -> dict[str, tuple[str, bool]] | None:
+    """The ``_LEAVES`` entry of the module's type; an LSTM's depends on its layer count."""
+    if isinstance(module, LSTM):  # w_ih_l0 -> weight_ih_l0 (transposed), b_ih_l0 -> bias_ih_l0
+        return {name: (name.replace("w_", "weight_", 1).replace("b_", "bias_", 1),
+                       name.startswith("w_")) for name in module.params}
+    return _LEAVES.get(type(module))
 
 
 def _walk(module: Module, prefix: str = "") -> Iterator[tuple[str, Module, str]]:
@@ -97,7 +113,7 @@ def torch_names(model: Module) -> dict[str, tuple[str, bool]]:
     """
     names = {}
     for prefix, module, name in _walk(model):
-        leaves = _LEAVES.get(type(module))
+        leaves = _leaves(module)
         if leaves is None or name not in leaves:
             raise ValueError(f"no PyTorch name for parameter {prefix + name!r} of "
                              f"{type(module).__name__}")

@@ -1,9 +1,9 @@
 """Train the same model in both frameworks from the same weights on the same batches.
 
-The chapter's 132,488-parameter character model (and one encoder-decoder on the reversal
-task) is built here, copied into its PyTorch twin, and both are trained with Adam (lr 2e-3)
-and global-norm clipping at 1.0. Every step prints both losses; at the end the largest
-difference of each parameter tensor.
+The chapter's 132,488-parameter character model (and the LSTM of the three-way comparison,
+and one encoder-decoder on the reversal task) is built here, copied into its PyTorch twin,
+and both are trained with Adam (lr 2e-3) and global-norm clipping at 1.0. Every step prints
+both losses; at the end the largest difference of each parameter tensor.
 
 Measured (batch 32 x context 100, 50 steps): float64 losses agree to 1e-15 at every step and
 parameters to 1e-13 (the attention key biases, whose true gradient is zero and which Adam moves
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from numpy_transformer import interop
 from numpy_transformer.corpus import load_corpus
 from numpy_transformer.data import CharTokenizer, get_batch, window_schedule
-from numpy_transformer.nn import DecoderLM, EncoderDecoder, TransformerConfig
+from numpy_transformer.nn import LSTMLM, DecoderLM, EncoderDecoder, LSTMConfig, TransformerConfig
 from numpy_transformer.optim import Adam
 from numpy_transformer.schedules import constant_lr
 from numpy_transformer.tasks import reverse_batch
@@ -43,6 +43,11 @@ def char_lm_config(dtype: str) -> TransformerConfig:
     """The chapter's character model: 132,488 parameters."""
     return TransformerConfig(vocab=104, width=84, heads=4, layers=2, ffn_width=168, max_len=100,
                              activation="relu", embed_scale=True, dtype=dtype, seed=0)
+
+
+def lstm_config(dtype: str) -> LSTMConfig:
+    """The LSTM of the three-way comparison at the chapter's vocabulary: 132,336 parameters."""
+    return LSTMConfig(vocab=104, embed=85, hidden=128, max_len=100, dtype=dtype, seed=0)
 
 
 def encdec_config(dtype: str) -> TransformerConfig:
@@ -140,6 +145,10 @@ def main(argv: list[str] | None = None) -> None:
         report(f"char model (132,488 parameters), {dtype}, batch {args.batch} x context "
                f"{args.context}, {args.steps} steps",
                run_char_lm(dtype, args.steps, args.batch, args.context))
+        report(f"LSTM (132,336 parameters), {dtype}, batch {args.batch} x context "
+               f"{args.context}, {args.steps} steps",
+               compare_training(LSTMLM(lstm_config(dtype)),
+                                char_batches(args.steps, args.batch, args.context)))
         report(f"encoder-decoder on the reversal task, {dtype}, batch {args.batch}, "
                f"{args.steps} steps", run_encdec(dtype, args.steps, args.batch, 8))
         print(f"  ({time.perf_counter() - start:.1f} s)")

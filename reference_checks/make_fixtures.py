@@ -5,7 +5,7 @@ never installs PyTorch still compares every gradient with PyTorch's. Everything 
 tiny (the whole folder is a few tens of kilobytes). Run from the repository root after
 changing a twin or an input, and commit the result::
 
-    python -m reference_checks.make_fixtures
+    python -m reference_checks.make_fixtures            # or name some: ... lstm lstm_lm
 
 File layout (``np.savez_compressed``, no pickled objects, so ``allow_pickle=False`` loads it):
 
@@ -15,6 +15,10 @@ File layout (``np.savez_compressed``, no pickled objects, so ``allow_pickle=Fals
 * ``<family>.npz``: ``config`` (JSON of the ``TransformerConfig``), ``param.<torch name>``
   (the weights in the twin's names and layouts, see ``numpy_transformer.interop``),
   ``input.<name>``, ``g``, ``logits`` and ``grad.<torch name>``.
+* ``lstm.npz``: one ``torch.nn.LSTM`` layer: ``in.<name>`` (x, h0, c0, and the weights in
+  our layout: ``w_ih`` (C, 4H), ``w_hh`` (H, 4H), ``b`` = bias_ih + bias_hh), ``g.<output>``
+  for out, h_T and c_T, the outputs, and ``grad.<name>`` (``grad.b`` is each bias's gradient).
+  ``lstm_lm.npz`` is an ``LSTMLM`` laid out as the ``<family>.npz`` files.
 * ``optim.npz``: per optimiser ``<opt>.options`` (JSON), ``<opt>.start.<p>``,
   ``<opt>.step<k>.grad.<p>`` and ``<opt>.step<k>.param.<p>`` after torch's clip + step.
 """
@@ -105,12 +109,42 @@ MODELS = {
                                                positions="alibi")),
     "encoder_classifier": ("EncoderClassifier", dict(norm_first=False, activation="relu",
                                                      positions="learned", num_classes=4)),
+    "lstm_lm": ("LSTMLM", dict(embed=6, hidden=5, layers=2)),
 }
 
 
+def write_lstm(out: dict) -> None:
+    """One LSTM layer against ``torch.nn.LSTM``: inputs in our layout (``w_ih`` (C, 4H), ``b``
+    the sum of torch's two biases), random gradients for the output and both final states."""
+    r = _rng(6)
+    b, t, c, h = 3, 6, 4, 5
+    lstm = torch.nn.LSTM(c, h, batch_first=True).double()
+    with torch.no_grad():
+        for p in lstm.parameters():
+            p.copy_(torch.from_numpy(0.5 * r.standard_normal(tuple(p.shape))))
+    x, h0, c0 = (twins.to_torch(r.standard_normal(s), requires_grad=True)
+                 for s in ((b, t, c), (1, b, h), (1, b, h)))
+    y, (h_t, c_t) = lstm(x, (h0, c0))
+    gs = [r.standard_normal(tuple(a.shape)) for a in (y, h_t, c_t)]
+    sum((a * twins.to_torch(g)).sum() for a, g in zip((y, h_t, c_t), gs, strict=True)).backward()
+    weights = {"w_ih": lstm.weight_ih_l0.T, "w_hh": lstm.weight_hh_l0.T,
+               "b": lstm.bias_ih_l0 + lstm.bias_hh_l0}
+    for name, a in {"x": x, "h0": h0[0], "c0": c0[0], **weights}.items():
+        out[f"in.{name}"] = a.detach().numpy().copy()
+    grads = {"x": x.grad, "h0": h0.grad[0], "c0": c0.grad[0], "w_ih": lstm.weight_ih_l0.grad.T,
+             "w_hh": lstm.weight_hh_l0.grad.T, "b": lstm.bias_ih_l0.grad}
+    for name, a in grads.items():
+        out[f"grad.{name}"] = a.numpy().copy()
+    for name, a, g in zip(("out", "h_T", "c_T"), (y, h_t[0], c_t[0]), gs, strict=True):
+        out[name], out[f"g.{name}"] = a.detach().numpy(), g.reshape(a.shape)
+
+
 def write_model(family: str, options: dict) -> dict:
-    cfg = nn.TransformerConfig(vocab=13, width=8, heads=2, layers=2, ffn_width=12, max_len=9,
-                               seed=1, **options)
+    if family == "LSTMLM":
+        cfg = nn.LSTMConfig(vocab=13, max_len=9, seed=1, **options)
+    else:
+        cfg = nn.TransformerConfig(vocab=13, width=8, heads=2, layers=2, ffn_width=12,
+                                   max_len=9, seed=1, **options)
     model = getattr(nn, family)(cfg)
     r = _rng(3)
     for _, p, _ in model.named_parameters():  # move gains and biases away from 1 and 0
@@ -120,7 +154,7 @@ def write_model(family: str, options: dict) -> dict:
     r = _rng(4)
     if family == "EncoderClassifier":
         inputs = {"tokens": r.integers(0, 13, (2, 5)), "lengths": np.array([5, 3])}
-    elif family == "DecoderLM":
+    elif family in ("DecoderLM", "LSTMLM"):
         inputs = {"tokens": r.integers(0, 13, (2, 5))}
     else:
         inputs = {"src": r.integers(0, 13, (2, 6)), "tgt": r.integers(0, 13, (2, 5)),
@@ -166,15 +200,27 @@ def write_optim(out: dict, steps: int = 4) -> None:
                 out[f"{key}.step{k}.param.{n}"] = p.detach().numpy().copy()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="write only these files (default: all), "
+                        "e.g. lstm lstm_lm")
+    names = parser.parse_args(argv).names
     OUT.mkdir(parents=True, exist_ok=True)
-    ops, optim = {}, {}
+    ops, optim, lstm = {}, {}, {}
     write_ops(ops)
     write_optim(optim)
-    files = {"ops": ops, "optim": optim}
+    write_lstm(lstm)
+    files = {"ops": ops, "optim": optim, "lstm": lstm}
     for name, (family, options) in MODELS.items():
         files[name] = write_model(family, options)
+    unknown = sorted(set(names) - set(files))
+    if unknown:
+        parser.error(f"no fixture called {unknown}; choose from {sorted(files)}")
     for name, arrays in files.items():
+        if names and name not in names:
+            continue
         path = OUT / f"{name}.npz"
         np.savez_compressed(path, **arrays)
         print(f"{path.relative_to(OUT.parents[1])}: {len(arrays)} arrays, "

@@ -117,6 +117,37 @@ def test_model_against_torch_fixture(name):
         assert_close(f"{name} d{n}", g, torch_grads[n], scale=scale if zero else None)
 
 
+# ----------------------------------------------------------------------------- the LSTM
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_lstm_against_torch_fixture(backend):
+    """One ``torch.nn.LSTM`` layer with an initial state and gradients into the final one."""
+    data = load("lstm")
+    ops = get_backend(backend)
+    names = ("x", "h0", "c0", "w_ih", "w_hh", "b")
+    out, (h_t, c_t), cache = ops.lstm_forward(*(data[f"in.{n}"] for n in names))
+    for label, ours in (("out", out), ("h_T", h_t), ("c_T", c_t)):
+        assert_close(f"lstm {label}", ours, data[label])
+    grads = ops.lstm_backward(data["g.out"], data["g.h_T"], data["g.c_T"], cache)
+    for name, d in zip(names, grads, strict=True):
+        assert_close(f"lstm d{name} ({backend})", d, data[f"grad.{name}"])
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_lstm_lm_against_torch_fixture(backend):
+    data = load("lstm_lm")
+    config = nn.LSTMConfig(**{**json.loads(str(data["config"])), "backend": backend})
+    model = nn.LSTMLM(config)
+    interop.from_torch_state_dict(model, {k[len("param."):]: v for k, v in data.items()
+                                          if k.startswith("param.")})
+    assert_close("lstm_lm logits", model(data["input.tokens"]), data["logits"])
+    model.zero_grad()
+    model.backward(data["g"])
+    grads = {n: g for n, _, g in model.named_parameters()}
+    for n, (t, transposed) in interop.torch_names(model).items():
+        theirs = data[f"grad.{t}"]
+        assert_close(f"lstm_lm d{n} ({backend})", grads[n], theirs.T if transposed else theirs)
+
+
 # ----------------------------------------------------------------------------- optimisers
 @pytest.mark.parametrize("name", ["adam", "adamw"])
 def test_optimiser_against_torch_fixture(name):

@@ -300,7 +300,7 @@ def test_generate_bad_inputs(kwargs, match):
 
 def test_generate_rejects_other_models():
     model = EncoderDecoder(tiny_config())
-    with pytest.raises(ValueError, match="needs a DecoderLM, got EncoderDecoder"):
+    with pytest.raises(ValueError, match="needs a DecoderLM or an LSTMLM, got EncoderDecoder"):
         generate(model, [1], 1, None, greedy=True)
 
 

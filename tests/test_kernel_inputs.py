@@ -38,6 +38,7 @@ from numpy_transformer.kernels import (
     embedding,
     feedforward,
     linear,
+    lstm,
     norms,
     residual,
     softmax,
@@ -121,6 +122,16 @@ def _gemm_args():
     return a, b, np.empty((6, 5)), blas.gemm_address(np.float64)
 
 
+def _lstm_args():
+    """x (B, T, C), h0, c0 (B, H), w_ih (C, 4H), w_hh (H, 4H), b (4H,)."""
+    return arr(2, 5, 3), arr(2, 4), arr(2, 4), arr(3, 16), arr(4, 16), arr(16)
+
+
+def _lstm_backward_args():
+    out, (h_t, c_t), cache = lstm.lstm_forward(*_lstm_args())
+    return arr(*out.shape, seed=1), arr(*h_t.shape, seed=2), arr(*c_t.shape, seed=3), cache
+
+
 _PROMOTED = ("1:other float", "2:other float")  # w, b: x @ w + b in NumPy's promoted dtype
 
 CASES = {
@@ -188,6 +199,9 @@ CASES = {
         _backward(norms.rms_norm_forward, lambda: _norm_args()[:2],
                   (arr(3, ROWS // 3, 8, seed=2),)),
         bound=(0, 2), caches=(1,)),
+    "lstm_forward": Case(lstm.lstm_forward, _lstm_args, bound=(1, 2, 3, 4, 5)),
+    "lstm_backward": Case(lstm.lstm_backward, _lstm_backward_args, bound=(0, 1, 2),
+                          caches=(3,)),
     "add_into": Case(residual.add_into, lambda: (arr(3, 5, 7), arr(3, 5, 7, seed=1)),
                      bound=(0,), accepts=("0:other float",)),  # two dtypes: NumPy's addition
     "cross_entropy_forward": Case(softmax.cross_entropy_forward,

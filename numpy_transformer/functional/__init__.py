@@ -36,6 +36,7 @@ from .fused import (
     rms_norm_backward_residual,
 )
 from .linear import linear_backward, linear_forward, linear_heads_forward
+from .lstm import lstm_backward, lstm_forward
 from .masks import causal_mask, combine_masks, from_torch_ignore_mask, key_padding_mask
 from .norms import layer_norm_backward, layer_norm_forward, rms_norm_backward, rms_norm_forward
 from .positional import (
@@ -62,7 +63,8 @@ __all__ = [
     "from_torch_ignore_mask", "gelu_backward", "gelu_forward", "gelu_tanh_backward",
     "gelu_tanh_forward", "key_padding_mask", "layer_norm_backward",
     "layer_norm_backward_residual", "layer_norm_forward", "linear_backward", "linear_forward",
-    "linear_heads_forward", "log_softmax", "relu_backward", "relu_ffn_backward",
+    "linear_heads_forward", "log_softmax", "lstm_backward", "lstm_forward", "relu_backward",
+    "relu_ffn_backward",
     "relu_ffn_forward", "relu_forward", "rms_norm_backward", "rms_norm_backward_residual",
     "rms_norm_forward", "rope_backward", "rope_forward", "rope_tables", "sdpa_backward",
     "sdpa_forward", "silu_backward", "silu_forward", "sinusoidal_table", "softmax_backward",

@@ -1,6 +1,6 @@
 """Modules: parameters and gradients in dicts with the same keys, one cache, forward/backward."""
 
-from ..config import TransformerConfig
+from ..config import LSTMConfig, TransformerConfig
 from .attention import MultiHeadAttention
 from .blocks import DecoderBlock, EncoderBlock
 from .layers import (
@@ -12,6 +12,7 @@ from .layers import (
     RMSNorm,
     TiedOutput,
 )
+from .lstm import LSTM, LSTMLM, LSTMState, new_state
 from .models import Decoder, DecoderLM, Embeddings, Encoder, EncoderClassifier, EncoderDecoder
 from .module import Module, ModuleList
 from .positional import LearnedPositions, SinusoidalPositions
@@ -31,6 +32,10 @@ __all__ = [
     "LayerNorm",
     "LearnedPositions",
     "Linear",
+    "LSTM",
+    "LSTMConfig",
+    "LSTMLM",
+    "LSTMState",
     "Module",
     "ModuleList",
     "MultiHeadAttention",
@@ -38,4 +43,5 @@ __all__ = [
     "SinusoidalPositions",
     "TiedOutput",
     "TransformerConfig",
+    "new_state",
 ]

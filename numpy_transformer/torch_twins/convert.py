@@ -24,7 +24,7 @@ from . import modules
 from ._torch import nn, torch
 from .ops import TORCH_DTYPES
 
-_MODELS = ("EncoderClassifier", "DecoderLM", "EncoderDecoder")
+_MODELS = ("EncoderClassifier", "DecoderLM", "EncoderDecoder", "LSTMLM")
 
 
 # ============================================================================ weights
@@ -45,7 +45,7 @@ def twin_class(name: str) -> type[nn.Module]:
     Raises
     ------
     ValueError
-        If ``name`` is not one of the three model families.
+        If ``name`` is not one of the model families.
     """
     if name not in _MODELS:
         raise ValueError(f"no twin for a model of kind {name!r}; the kinds are {_MODELS}")
@@ -60,11 +60,15 @@ def build_twin(module: ours.Module) -> nn.Module:
     ValueError
         If ``module`` has no twin (a ``Dropout``, a ``ModuleList``, a ``TiedOutput``...).
     """
-    if isinstance(module, (ours.EncoderClassifier, ours.DecoderLM, ours.EncoderDecoder)):
+    if isinstance(module, (ours.EncoderClassifier, ours.DecoderLM, ours.EncoderDecoder,
+                           ours.LSTMLM)):
         return twin_class(type(module).__name__)(module.config)
     if isinstance(module, ours.Linear):
         c_in, c_out = module.params["w"].shape
         return nn.Linear(c_in, c_out, bias="b" in module.params)
+    if isinstance(module, ours.LSTM):
+        c_in = module.params["w_ih_l0"].shape[0]
+        return nn.LSTM(c_in, module.hidden, module.layers, batch_first=True)
     if isinstance(module, ours.Embedding):
         return nn.Embedding(*module.params["table"].shape)
     if isinstance(module, ours.LayerNorm):
@@ -107,7 +111,8 @@ def to_torch(module: ours.Module) -> nn.Module:
     Parameters
     ----------
     module : Module
-        A model (``EncoderClassifier``, ``DecoderLM``, ``EncoderDecoder``), a block or a layer.
+        A model (``EncoderClassifier``, ``DecoderLM``, ``EncoderDecoder``, ``LSTMLM``), a
+        block or a layer.
 
     Returns
     -------
@@ -126,7 +131,7 @@ def from_torch(twin: nn.Module, backend: str | None = None) -> ours.Module:
 
     Parameters
     ----------
-    twin : EncoderClassifier, DecoderLM or EncoderDecoder of this package
+    twin : EncoderClassifier, DecoderLM, EncoderDecoder or LSTMLM of this package
         Unwrap a ``DistributedDataParallel`` first (``ddp.module``).
     backend : str, optional
         The new model's backend; default the one in ``twin.config``.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import TransformerConfig
+from ..config import LSTMConfig, TransformerConfig
 from ._torch import F, nn, torch
 from .ops import (
     alibi_bias,
@@ -271,3 +271,18 @@ class EncoderDecoder(nn.Module):
         src_mask = None if src_lengths is None else key_padding_mask(src_lengths, src.shape[-1])
         x = self.decoder(tgt, self.encoder(src, src_mask), src_mask)
         return F.linear(x, self.decoder.embed.tokens.weight) if self.head is None else self.head(x)
+
+
+class LSTMLM(nn.Module):
+    """Embedding, ``nn.LSTM`` (batch first), linear head: the twin of our ``LSTMLM``."""
+
+    def __init__(self, c: LSTMConfig) -> None:
+        super().__init__()
+        self.config = c
+        self.embed = nn.Embedding(c.vocab, c.embed_width)
+        self.lstm = nn.LSTM(c.embed_width, c.hidden, c.layers, batch_first=True)
+        self.head = nn.Linear(c.hidden, c.vocab)
+
+    def forward(self, tokens, state=None):
+        out, _ = self.lstm(self.embed(tokens), state)
+        return self.head(out)
