@@ -15,7 +15,7 @@ import pytest
 
 from numpy_transformer import nn
 from numpy_transformer.backend import get_backend
-from numpy_transformer.config import BACKENDS, TransformerConfig
+from numpy_transformer.config import BACKENDS, LSTMConfig, TransformerConfig
 from numpy_transformer.data import CharTokenizer
 from numpy_transformer.functional.masks import causal_mask
 from numpy_transformer.nn.module import Module
@@ -113,6 +113,9 @@ MODULES: dict[str, tuple[Callable, Callable]] = {
                   lambda m: m(tokens())),
     "EncoderDecoder": (lambda be: nn.EncoderDecoder(_config(be, num_classes=None)),
                        lambda m: m(tokens(), tokens(3))),
+    "LSTM": (lambda be: nn.LSTM(C, 6, layers=2, backend=be), lambda m: m(arr(B, T, C))),
+    "LSTMLM": (lambda be: nn.LSTMLM(LSTMConfig(vocab=V, hidden=6, max_len=8, embed=5,
+                                               backend=be)), lambda m: m(tokens())),
 }
 # the relu FFN is one fused operation with its own backward: check it too
 MODULES["FeedForward(relu)"] = (lambda be: nn.FeedForward(C, 16, "relu", backend=be),
@@ -180,6 +183,12 @@ def test_positions_added_by_the_embeddings_take_any_batch():
 
 
 # --------------------------------------------------------------------------- functional
+def _lstm_out_and_cache(ops, x, hidden=3):
+    out, _, cache = ops.lstm_forward(x, None, None, arr(C, 4 * hidden, seed=6),
+                                     arr(hidden, 4 * hidden, seed=7), arr(4 * hidden, seed=8))
+    return out, cache
+
+
 def _ops_cases(ops):
     """name -> (forward call returning (out, cache), backward(dout, cache)) for every
     backward of a backend."""
@@ -213,6 +222,8 @@ def _ops_cases(ops):
                              ops.dropout_backward),
         "rope_backward": (lambda: (ops.rope_forward(q, cos, sin), None),
                           lambda d, _: ops.rope_backward(d, cos, sin)),
+        "lstm_backward": (lambda: _lstm_out_and_cache(ops, x),
+                          lambda d, c: ops.lstm_backward(d, None, None, c)),
     }
     for act in ("relu", "gelu", "gelu_tanh", "silu"):
         forward, backward = ops.activation(act)

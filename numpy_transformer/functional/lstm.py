@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._checks import check_float
+from .._checks import check_float, check_shaped
 
 # The operations of the backends (numpy_transformer.backend)
 __all__ = ['lstm_forward', 'lstm_backward']
@@ -160,6 +160,10 @@ def lstm_backward(dout: np.ndarray, dh_T: np.ndarray | None, dc_T: np.ndarray | 
     """
     x, h0, c0, w_ih, w_hh, gates, c, tanh_c, h = cache
     bsz, t_len, hidden = h.shape
+    check_shaped("dout", dout, h.shape)
+    for name, d in (("dh_T", dh_T), ("dc_T", dc_T)):
+        if d is not None:
+            check_shaped(name, d, (bsz, hidden))
     dz = np.empty_like(gates)  # (B, T, 4H) dLoss/d z_t, filled from the last step back
     dh_next = np.zeros((bsz, hidden), x.dtype) if dh_T is None else dh_T  # reaches h_t from t+1
     dc = np.zeros((bsz, hidden), x.dtype) if dc_T is None else dc_T  # reaches c_t from t+1
