@@ -11,7 +11,7 @@ Exit codes
 0    success (also: ``--resume`` of a run that already finished)
 1    training diverged: a non-finite loss or gradient, or weights too large to compute with
      (the step and tensor are named; the last good checkpoint, always finite, is left
-     untouched); ``gradcheck``: a check failed; ``bench``: a benchmark failed or none was found
+     untouched); ``gradcheck``: a check failed; ``bench``: a benchmark's worker failed
 2    bad input: an option, a file (a folder, FIFO or device where a file belongs is named for
      what it is), a run folder (also: one another process is training in), a checkpoint
      (truncated, tampered, non-finite), or sizes that cannot fit in memory. One line on
@@ -34,14 +34,20 @@ from __future__ import annotations
 import argparse
 import re
 import signal
-import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 from ._version import __version__
 from .allocator import reuse_freed_memory
-from .config import ACTIVATIONS, BACKENDS, DTYPES, EXPORT_FORMATS, NORMS, POSITIONS
+from .config import (
+    ACTIVATIONS,
+    BACKENDS,
+    BENCH_CONFIGS,
+    DTYPES,
+    EXPORT_FORMATS,
+    NORMS,
+    POSITIONS,
+)
 from .runs.options import (
     COPY_SHIFT,
     DEFAULT_TASK,
@@ -83,14 +89,6 @@ from .threads import set_blas_threads
 # inside the command that needs it: --help and a bad option answer before any of it loads.
 
 PROG = "numpy-transformer"
-BENCHMARKS = {  # name -> script in the repository's benchmarks/ (source checkouts only)
-    "attention": ("bench_attention.py",),
-    "generate": ("bench_generate.py",),
-    "train": ("bench_train_step.py", "bench_train.py", "bench_training.py", "bench_step.py"),
-}
-
-# Scripts without a --quick option get these arguments instead (a few seconds each).
-QUICK_FALLBACK = {"generate": ["--steps", "100", "--repeats", "1"]}
 
 
 class Parser(argparse.ArgumentParser):
@@ -291,13 +289,21 @@ def build_parser() -> Parser:
                    help=f"[{EXPORT_FORMATS[0]}]")
     e.add_argument("--out", metavar="DIR", help="where the files go [RUN_DIR/FORMAT]")
 
-    b = sub.add_parser("bench", help="quick benchmarks (attention, generation, a training "
-                       "step)", description="Run the quick form of the benchmark scripts in "
-                       "the repository's benchmarks/ folder (a source checkout).",
-                       epilog="examples:\n  numpy-transformer bench\n  numpy-transformer "
-                       "bench attention train", formatter_class=raw)
-    b.add_argument("names", nargs="*", metavar="NAME",
-                   help=f"which benchmarks, of {', '.join(BENCHMARKS)} [all]")
+    b = sub.add_parser("bench", help="a training step against PyTorch, the cold compile, the "
+                       "sgemm ceiling", description="Time a training step of ours (numba "
+                       "backend) and of PyTorch eager side by side, in two worker processes "
+                       "asked in turn; the first step on an empty compile cache; the machine's "
+                       "float32 matrix-product rate as the ceiling (numpy_transformer.bench). "
+                       "The long scripts are in the repository's benchmarks/ folder.",
+                       epilog="examples:\n  numpy-transformer bench --quick\n  "
+                       "numpy-transformer bench --config wide --threads 2", formatter_class=raw)
+    b.add_argument("--config", choices=BENCH_CONFIGS, default=BENCH_CONFIGS[0],
+                   help="chapter: the chapter's char model, batch 64 x 100; small, wide (6 "
+                   "layers, width 384, 16 x 256), long (T = 1024), lstm (the chapter's LSTM) "
+                   "[%(default)s]")
+    b.add_argument("--threads", type=number(POSITIVE_INT),
+                   help="threads of both frameworks [the cores available]")
+    b.add_argument("--quick", action="store_true", help="a few steps: that it runs, at a glance")
     return parser
 
 
@@ -360,41 +366,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def find_benchmarks(root: Path | None = None) -> dict[str, Path | None]:
-    """Each benchmark's script in ``root`` (default: the repository's benchmarks/), or None."""
-    root = Path(__file__).resolve().parent.parent / "benchmarks" if root is None else root
-    found = {}
-    for name, candidates in BENCHMARKS.items():
-        found[name] = next((root / c for c in candidates if (root / c).is_file()), None)
-    return found
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench.summary import run
 
-
-def cmd_bench(args: argparse.Namespace, root: Path | None = None) -> int:
-    unknown = [n for n in args.names if n not in BENCHMARKS]
-    if unknown:
-        raise UsageError(f"unknown benchmark(s) {', '.join(unknown)}; choose from "
-                         f"{', '.join(BENCHMARKS)}")
-    scripts = find_benchmarks(root)
-    names = args.names or list(BENCHMARKS)
-    ran = failed = 0
-    for name in names:
-        script = scripts[name]
-        if script is None:
-            print(f"bench {name}: no script ({' or '.join(BENCHMARKS[name])}) in the "
-                  f"benchmarks/ folder of a source checkout; skipped", flush=True)
-            continue
-        quick = ["--quick"] if "--quick" in script.read_text(encoding="utf-8") \
-            else QUICK_FALLBACK.get(name, [])
-        print(f"== bench {name}: {script.name} {' '.join(quick)}", flush=True)
-        code = subprocess.call([sys.executable, str(script), *quick])
-        ran += 1
-        if code:
-            failed += 1
-            print(f"bench {name}: exited with code {code}", file=sys.stderr, flush=True)
-    if not ran:
-        print(f"{PROG}: error: no benchmark found (they live in benchmarks/ of the "
-              f"source repository)", file=sys.stderr)
-    return EXIT_OK if ran and not failed else EXIT_DIVERGED
+    try:
+        run(args.config, None if args.threads is None else int(args.threads), quick=args.quick)
+    except RuntimeError as e:  # a worker process failed: its own traceback is on stderr
+        print(f"{PROG}: bench failed: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+        return EXIT_DIVERGED
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:

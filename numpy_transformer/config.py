@@ -18,6 +18,8 @@ POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
 DTYPES = ("float32", "float64")
 BACKENDS = ("numpy", "numba")  # numpy_transformer.backend builds each one's operations
 EXPORT_FORMATS = ("safetensors", "hf")  # what numpy_transformer.export writes: PyTorch, HF
+# the training-step benchmarks' configurations (numpy_transformer/bench/train_step.py)
+BENCH_CONFIGS = ("chapter", "small", "wide", "long", "lstm")
 DEFAULT_BACKEND = "numba"  # the fused kernels: training faster than PyTorch on a CPU; "numpy"
 #   runs the readable references of numpy_transformer/functional everywhere instead
 

@@ -3,6 +3,14 @@
 ``numpy-transformer gradcheck`` prints them. It is the first thing to run when studying the
 gradients: each table row is one named tensor, with the worst absolute and relative error of
 the hand-written backward against central differences in float64.
+
+Every table checks the readable references of ``numpy_transformer/functional``: the ops
+directly, the modules and the models on the ``"numpy"`` backend. Those are the backwards
+written by hand, the ones a reader studies; the compiled kernels are a second implementation
+of the same functions, held to the references' numbers by the test suite
+(``tests/test_kernel*.py``) and in training. Checking the models on the numba backend would
+also compile every kernel in float64 (about half a minute on two cores, before any check
+runs) and prove nothing more about the hand-written gradients.
 """
 
 from __future__ import annotations
@@ -86,12 +94,13 @@ def module_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckRe
 
 
 def model_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckReport]]:
-    """The three model families, tiny, every parameter; and one random-direction check each."""
+    """The three model families, tiny, every parameter; and one random-direction check each
+    (on the readable references, as the modules: see the module docstring)."""
     from .nn import DecoderLM, EncoderClassifier, EncoderDecoder, TransformerConfig
 
     def config(**kw) -> TransformerConfig:
         return TransformerConfig(**{**dict(vocab=7, width=8, heads=2, layers=2, ffn_width=16,
-                                           max_len=5, num_classes=4), **kw})
+                                           max_len=5, num_classes=4, backend="numpy"), **kw})
 
     tokens, src = rng.integers(0, 7, size=(2, 5)), rng.integers(0, 7, size=(2, 4))
     models = (

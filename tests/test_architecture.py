@@ -29,7 +29,7 @@ LAYERS = (
     ("nn",),  # modules and models
     ("optim", "schedules", "train", "generate", "checkpoint", "gradcheck", "gradcheck_tables",
      "data", "tasks", "corpus", "interop", "plots", "export", "torch_twins"),  # built on nn
-    ("runs",),  # training runs on disk
+    ("runs", "bench"),  # training runs on disk; the benchmarks the command line runs
     ("cli", "__main__"),  # the command line
 )
 
@@ -230,3 +230,25 @@ def test_a_numpy_backend_run_executes_no_numba_code(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "exit 0 []", proc.stdout
     assert (tmp_path / "run" / "checkpoint.npz").is_file()
+
+
+GRADCHECK_WITHOUT_NUMBA = """
+import sys
+sys.modules["numba"] = None  # any import of numba now raises ImportError
+import numpy as np
+from numpy_transformer import gradcheck_tables
+for name, section in gradcheck_tables.SECTIONS.items():
+    checks = section(np.random.default_rng(0))  # builds every module and model of the section
+    report = next(checks)()
+    assert report.ok(1e-6), report
+print("ok", sorted(m for m in sys.modules if "kernels" in m))
+"""
+
+
+def test_gradcheck_tables_check_the_references_without_numba():
+    """``numpy-transformer gradcheck`` checks the hand-written backwards: its ops, modules and
+    models run on the references and compile nothing (see gradcheck_tables' docstring)."""
+    proc = subprocess.run([sys.executable, "-c", GRADCHECK_WITHOUT_NUMBA],
+                          capture_output=True, text=True, cwd=ROOT.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok []"

@@ -8,7 +8,7 @@ give the same numbers bit for bit (``tests/test_optim.py``):
   :class:`ParameterSet` it built, so a training loop that hands it the same arrays every step
   builds one once.
 * :func:`adam_update`: the same for one parameter.
-* :class:`ParameterSet`: flat views of same-dtype parameters, gradients and moments, and a
+* :class:`ParameterSet`: the addresses of same-dtype parameters, gradients and moments, and a
   table of blocks that shares their entries out over the threads; ``update(...)`` applies
   one step to all of them.
 
@@ -24,7 +24,8 @@ from collections.abc import Sequence
 
 import numba
 import numpy as np
-from numba.typed import List
+from numba import types
+from numba.extending import intrinsic
 
 from .._checks import check_scalar
 from ..functional import adam as reference
@@ -37,19 +38,33 @@ _BLOCK = 8192  # entries per work item: large enough to amortise, small enough t
 _KEPT_SETS = 4  # ParameterSets remembered by adam_update_group (one per model and dtype)
 
 
+@intrinsic
+def _pointer_to(typingctx, address, like):
+    # the integer address as a pointer to numbers of like's dtype (like: an array)
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+    return types.CPointer(like.dtype)(address, like), codegen
+
+
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _adam_kernel(ps, gs, ms, vs, decay, l2, block_array, block_start, block_stop, w1, beta2,
+def _adam_kernel(addresses, sizes, decay, l2, block_array, block_start, block_stop, w1, beta2,
                  w2, bc2_sqrt, eps, neg_step):  # pragma: no cover - compiled
-    # ps, gs, ms, vs: lists of 1-D contiguous arrays of one dtype; decay, l2: (arrays,) of it;
-    # block b covers entries block_start[b]:block_stop[b] of array block_array[b]. The
-    # scalars arrive in the arrays' dtype, so float32 computes in float32 as the reference.
-    # No fastmath: LLVM neither fuses a*b+c into an FMA nor reorders, so each line rounds at
-    # the same points as the reference.
+    # addresses: (4, arrays) int64, the data of the k-th p, g, m, v in column k, each
+    # C-contiguous with sizes[k] entries of decay's dtype; decay, l2: (arrays,); block b
+    # covers entries block_start[b]:block_stop[b] of array block_array[b]. The scalars arrive
+    # in the arrays' dtype, so float32 computes in float32 as the reference. No fastmath:
+    # LLVM neither fuses a*b+c into an FMA nor reorders, so each line rounds at the same
+    # points as the reference.
     for blk in numba.prange(block_array.size):
         a, lo, hi = block_array[blk], block_start[blk], block_stop[blk]
+        n = sizes[a]
         # slices, so the loop runs from 0: the compiler makes SIMD code of it (a loop from a
         # start known only at run time must allow for negative, wrapped-around indices)
-        p, g, m, v = ps[a][lo:hi], gs[a][lo:hi], ms[a][lo:hi], vs[a][lo:hi]
+        p = numba.carray(_pointer_to(addresses[0, a], decay), n)[lo:hi]
+        g = numba.carray(_pointer_to(addresses[1, a], decay), n)[lo:hi]
+        m = numba.carray(_pointer_to(addresses[2, a], decay), n)[lo:hi]
+        v = numba.carray(_pointer_to(addresses[3, a], decay), n)[lo:hi]
         dec, wd = decay[a], l2[a]
         for i in range(p.size):
             gi = g[i]
@@ -64,13 +79,13 @@ def _adam_kernel(ps, gs, ms, vs, decay, l2, block_array, block_start, block_stop
 
 
 class ParameterSet:
-    """Parameters, gradients and moments of one dtype, as flat views for :func:`update`.
+    """Parameters, gradients and moments of one dtype, for :func:`update` to change in place.
 
     Parameters
     ----------
     ps, gs, ms, vs : sequences of C-contiguous, writeable ndarrays
         Parameters, gradients, first and second moments; the k-th of each have one shape,
-        and all one dtype, float32 or float64. The views made here write through to them.
+        and all one dtype, float32 or float64. The set holds them (and their addresses).
 
     Raises
     ------
@@ -88,7 +103,13 @@ class ParameterSet:
                 if not (x.flags.c_contiguous and x.flags.writeable):
                     raise ValueError(f"{group_name}s[{k}] must be C-contiguous and writeable")
         self.dtype = ps[0].dtype
-        self.lists = tuple(List([x.reshape(-1) for x in group]) for group in arrays)
+        # the kernel reaches the arrays by address (a typed List of them would compile
+        # Numba's list code, which is not cached, in every new process: 0.3-0.5 s); these
+        # references keep them alive, and so the addresses valid, as long as this set
+        self.arrays = tuple(tuple(group) for group in arrays)
+        self.addresses = np.array([[x.ctypes.data for x in group] for group in arrays],
+                                  dtype=np.int64)  # (4, arrays)
+        self.sizes = np.array([p.size for p in ps], dtype=np.int64)
         table = [(k, lo, min(p.size, lo + _BLOCK))
                  for k, p in enumerate(ps) for lo in range(0, p.size, _BLOCK)]
         self.blocks = tuple(np.array(column, dtype=np.int64) for column in zip(*table,
@@ -101,7 +122,7 @@ class ParameterSet:
         ``decay`` and ``l2`` hold one value per parameter; the other scalars are shared. All
         are of the arrays' dtype (see ``functional.adam.adam_update`` for what each means).
         """
-        n = len(self.lists[0])
+        n = self.sizes.size
         for name, values in (("decay", decay), ("l2", l2)):
             if not (isinstance(values, np.ndarray) and values.shape == (n,)
                     and values.dtype == self.dtype):
@@ -110,8 +131,8 @@ class ParameterSet:
         for name, value in (("w1", w1), ("beta2", beta2), ("w2", w2), ("bc2_sqrt", bc2_sqrt),
                             ("eps", eps), ("neg_step", neg_step)):
             check_scalar(name, value)
-        _adam_kernel(*self.lists, decay, l2, *self.blocks, w1, beta2, w2, bc2_sqrt, eps,
-                     neg_step)
+        _adam_kernel(self.addresses, self.sizes, decay, l2, *self.blocks, w1, beta2, w2,
+                     bc2_sqrt, eps, neg_step)
 
 
 def _check_arrays(ps, gs, ms, vs) -> None:
@@ -135,7 +156,7 @@ _sets: OrderedDict = OrderedDict()  # identity of the arrays -> their ParameterS
 
 def _parameter_set(ps, gs, ms, vs) -> ParameterSet:
     """The ParameterSet of these arrays, built once while they stay the same objects (the
-    set's views keep them alive, so their identities cannot be reused meanwhile)."""
+    set keeps them alive, so their identities cannot be reused meanwhile)."""
     key = tuple(id(x) for group in (ps, gs, ms, vs) for x in group)
     found = _sets.get(key)
     if found is None:

@@ -177,7 +177,7 @@ def _layout(x):
 def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, fn: int, accumulate: bool = False) -> None:
     """``out = a @ b`` (``out += a @ b`` with ``accumulate``) by the BLAS at ``fn``; see the
     module docstring for the layouts taken. From Python every argument is checked first
-    (``ValueError``); in compiled code the name is the compiled version (``_gemm``).
+    (``ValueError``); in compiled code the name is the overload below, which checks less.
     """
     for name, x in (("a", a), ("b", b), ("out", out)):
         check_kernel_float(name, x, ndim=2)
@@ -199,30 +199,37 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, fn: int, accumulate: boo
     _gemm(a, b, out, fn, bool(accumulate))
 
 
+# Compiled kernels call the overload's implementation below, compiled once per layout of the
+# three arrays; a wrapper around a second compiled function cost one more compilation for
+# each of them (about 0.15 s apiece on a cold cache). ``_gemm`` is the entry from Python.
 @overload(gemm, jit_options=_JIT)
 def _gemm_in_compiled_code(a, b, out, fn, accumulate=False):
-    return lambda a, b, out, fn, accumulate=False: _gemm(a, b, out, fn, accumulate)
+    def impl(a, b, out, fn, accumulate=False):  # pragma: no cover - compiled
+        # out = a b, or out += a b with accumulate.  a: (M, K), b: (K, N), out: (M, N) with
+        # contiguous rows (a row and column slice of a C array will do); fn: gemm_address
+        # of their dtype
+        if (a.shape[1] != b.shape[0] or out.shape[0] != a.shape[0]
+                or out.shape[1] != b.shape[1]):
+            raise ValueError("gemm: shapes do not match")
+        trans_a, lda = _layout(a)
+        trans_b, ldb = _layout(b)
+        trans_out, ldc = _layout(out)
+        if trans_out != _NO_TRANS:
+            raise ValueError("gemm: out must have contiguous rows")
+        one, beta = out.dtype.type(1), out.dtype.type(1 if accumulate else 0)
+        if fn > 0:  # NumPy's CBLAS, row major
+            _cblas_gemm(fn, trans_a, trans_b, out.shape[0], out.shape[1], a.shape[1], one,
+                        a.ctypes.data, lda, b.ctypes.data, ldb, beta, out.ctypes.data, ldc)
+        elif fn < 0:  # SciPy's Fortran gemm, column major: out^T = b^T a^T
+            _fortran_gemm(-fn, _CHAR[trans_b - _NO_TRANS], _CHAR[trans_a - _NO_TRANS],
+                          out.shape[1], out.shape[0], a.shape[1], one, b.ctypes.data, ldb,
+                          a.ctypes.data, lda, beta, out.ctypes.data, ldc)
+        else:
+            raise ValueError("gemm: no BLAS for this dtype")
+
+    return impl
 
 
 @njit(**_JIT)
 def _gemm(a, b, out, fn, accumulate=False):  # pragma: no cover - compiled
-    # out = a b, or out += a b with accumulate.  a: (M, K), b: (K, N), out: (M, N) with
-    # contiguous rows (a row and column slice of a C array will do); fn: gemm_address of
-    # their dtype
-    if a.shape[1] != b.shape[0] or out.shape[0] != a.shape[0] or out.shape[1] != b.shape[1]:
-        raise ValueError("gemm: shapes do not match")
-    trans_a, lda = _layout(a)
-    trans_b, ldb = _layout(b)
-    trans_out, ldc = _layout(out)
-    if trans_out != _NO_TRANS:
-        raise ValueError("gemm: out must have contiguous rows")
-    one, beta = out.dtype.type(1), out.dtype.type(1 if accumulate else 0)
-    if fn > 0:  # NumPy's CBLAS, row major
-        _cblas_gemm(fn, trans_a, trans_b, out.shape[0], out.shape[1], a.shape[1], one,
-                    a.ctypes.data, lda, b.ctypes.data, ldb, beta, out.ctypes.data, ldc)
-    elif fn < 0:  # SciPy's Fortran gemm, column major: out^T = b^T a^T
-        _fortran_gemm(-fn, _CHAR[trans_b - _NO_TRANS], _CHAR[trans_a - _NO_TRANS],
-                      out.shape[1], out.shape[0], a.shape[1], one, b.ctypes.data, ldb,
-                      a.ctypes.data, lda, beta, out.ctypes.data, ldc)
-    else:
-        raise ValueError("gemm: no BLAS for this dtype")
+    gemm(a, b, out, fn, accumulate)

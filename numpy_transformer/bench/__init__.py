@@ -1,0 +1,13 @@
+"""Benchmarks that ship with the package: what ``numpy-transformer bench`` runs, anywhere.
+
+* :mod:`.train_step` -- one training step, ours against PyTorch eager, each variant in its own
+  worker process, asked in turn for a few steps at a time (``benchmarks/bench_train_step.py``
+  is its long form).
+* :mod:`.cold_start` -- the first training step on an empty Numba cache, in a fresh process
+  (``benchmarks/bench_cold_start.py`` adds import times and the compile time per kernel).
+* :mod:`.sgemm` -- the machine's float32 matrix-product rate: the ceiling for the step's
+  effective GFLOP/s.
+* :mod:`.summary` -- the short side-by-side table of ``numpy-transformer bench``.
+
+Nothing here is imported by the library itself, and importing this package loads nothing.
+"""

@@ -1,0 +1,417 @@
+"""One training step, ours against PyTorch eager: forward, cross-entropy, backward, clip, Adam.
+
+Usage (anywhere the package is installed; ``benchmarks/bench_train_step.py`` is the same)::
+
+    python -m numpy_transformer.bench.train_step                  # the chapter's char model
+    python -m numpy_transformer.bench.train_step --config wide    # 6 layers, width 384
+    python -m numpy_transformer.bench.train_step --quick          # a few steps, 1 thread
+
+Configurations (float32, Adam lr 1e-3, global-norm clipping at 1.0, constant learning rate;
+every decoder causal, vocabulary 104):
+
+* ``chapter``: the chapter's 132,488-parameter character model, ``TransformerConfig(width=84,
+  heads=4, layers=2, ffn_width=168, max_len=100, activation="relu", embed_scale=True)``,
+  sinusoidal positions, batch 64 x context 100.
+* ``small``: 4 layers, width 128, 4 heads, FFN 512 with exact GELU, learned positions,
+  batch 12 x context 64.
+* ``wide``: the chapter's model grown to 6 layers of width 384 (6 heads of 64, ReLU FFN 1536),
+  10.7 M parameters, batch 16 x context 256.
+* ``long``: 4 layers of width 256 (4 heads of 64, ReLU FFN 1024) at context 1024, batch 4.
+* ``lstm``: the char-LM chapter's third model, ``LSTMLM(LSTMConfig(vocab=104, embed=85,
+  hidden=128, max_len=100))``, 132,336 parameters, batch 64 x context 100; its PyTorch twin
+  is ``nn.Embedding`` + ``nn.LSTM(batch_first=True)`` + ``nn.Linear`` (there is no attention,
+  so no ``F.sdpa`` variant: the ratio is to the twin).
+
+Variants, each in its own worker process (so thread pools and resident memory are not shared):
+
+* ``ours numba``: ``Trainer.step`` with ``backend="numba"`` (fused kernels everywhere);
+* ``ours numpy``: the same with ``backend="numpy"`` (the readable references), 1 thread only;
+* ``torch sdpa``: the PyTorch twin of the same model (``numpy_transformer.torch_twins``), loaded
+  with the same initial weights, trained by ``F.cross_entropy`` + ``backward`` +
+  ``clip_grad_norm_`` + ``torch.optim.Adam``, with the twin's attention core swapped for
+  ``F.scaled_dot_product_attention(is_causal=True)``, PyTorch's fused CPU kernel: what a
+  PyTorch user would write, and the baseline of the ratios;
+* ``torch twin``: the twin unchanged; its attention is written out (``softmax(q k^T) v`` with
+  ``masked_fill``), as a reader's first PyTorch version would be.
+
+"threads" means, for ours, ``numba.set_num_threads(n)`` and ``OPENBLAS_NUM_THREADS=n`` (set in
+the worker's environment before NumPy loads; the ``numba, BLAS 1`` rows keep BLAS at one
+thread); for torch, ``torch.set_num_threads(n)``. Every worker trains on the same batches
+(random token ids from one seed) from the same initial weights; the table shows each
+variant's first loss, which must agree across frameworks.
+
+The main process asks the workers in turn for a few steps at a time (``--rounds`` rounds), so
+a burst of load from other jobs hits every variant alike. A step is timed with
+``time.perf_counter`` around the whole step; the table gives the median over all measured
+steps after ``--warmup`` warm-up steps (which also load the compiled Numba kernels), the
+ratio ours / torch at the same thread count, and the effective GFLOP/s (:func:`step_flops`
+over the median step) beside the machine's float32 matrix-product rate measured in the same
+run before and after the workers (:mod:`.sgemm`). Peak RSS is ``ru_maxrss`` of each worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import BENCH_CONFIGS
+
+# the folder holding the numpy_transformer package: put first on the workers' path, so that
+# they import this very copy (a source checkout or an installed one)
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+
+CONFIGS = {
+    "chapter": dict(model=dict(vocab=104, width=84, heads=4, layers=2, ffn_width=168,
+                               max_len=100, activation="relu", embed_scale=True),
+                    batch=64, context=100),
+    "small": dict(model=dict(vocab=104, width=128, heads=4, layers=4, ffn_width=512,
+                             max_len=64, activation="gelu", positions="learned"),
+                  batch=12, context=64),
+    "wide": dict(model=dict(vocab=104, width=384, heads=6, layers=6, ffn_width=1536,
+                            max_len=256, activation="relu", embed_scale=True),
+                 batch=16, context=256),
+    "long": dict(model=dict(vocab=104, width=256, heads=4, layers=4, ffn_width=1024,
+                            max_len=1024, activation="relu", embed_scale=True),
+                 batch=4, context=1024),
+    "lstm": dict(model=dict(vocab=104, embed=85, hidden=128, max_len=100), batch=64,
+                 context=100, kind="lstm"),
+}
+assert tuple(CONFIGS) == BENCH_CONFIGS  # the names the command line offers
+
+
+def step_flops(config: dict) -> float:
+    """Floating-point operations of the matrix products of one training step of ``config``.
+
+    Forward: ``2 N P`` for the N = batch x context tokens through the P weights of the linear
+    layers (q, k, v, output, the FFN's two, the vocabulary head), and ``2 B T^2 C`` per layer
+    for the visible half of the causal scores ``q k^T`` and of ``p v``. The backward pass
+    costs twice the forward: a step is three times the forward. Norms, softmax, Adam and the
+    other elementwise work are left out, as is usual for a model-FLOP count.
+    """
+    m, b, t = config["model"], config["batch"], config["context"]
+    if config.get("kind") == "lstm":  # gates 4H from the input E and from h; the head
+        e, h = m["embed"], m["hidden"]
+        return 3.0 * 2 * b * t * (4 * h * (e + h) + h * m["vocab"])
+    c, f = m["width"], m["ffn_width"]
+    weights = m["layers"] * (4 * c * c + 2 * c * f) + c * m["vocab"]
+    forward = 2 * b * t * weights + m["layers"] * 2 * b * t * t * c
+    return 3.0 * forward
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker side: one variant; reads a number of steps per line on stdin, answers one JSON line
+# ---------------------------------------------------------------------------------------------
+
+def _batches(config: dict, count: int = 8):
+    import numpy as np
+
+    rng = np.random.default_rng(1234)
+    shape = (config["batch"], config["context"])
+    vocab = config["model"]["vocab"]
+    return [(rng.integers(0, vocab, shape), rng.integers(0, vocab, shape)) for _ in range(count)]
+
+
+def _model(config: dict, **overrides):
+    """Our model of a configuration, float32 unless ``overrides`` say otherwise."""
+    from ..nn import LSTMLM, DecoderLM, LSTMConfig, TransformerConfig
+
+    kw = {**config["model"], "dtype": "float32", **overrides}
+    if config.get("kind") == "lstm":
+        return LSTMLM(LSTMConfig(**kw))
+    return DecoderLM(TransformerConfig(**kw))
+
+
+def _ours_step(config: dict, backend: str, threads: int):
+    import numba
+    import numpy as np
+
+    from ..allocator import reuse_freed_memory
+    from ..optim import Adam
+    from ..schedules import constant_lr
+    from ..train import Batch, Trainer
+
+    numba.set_num_threads(threads)
+    reuse_freed_memory()  # as the command line does (numpy_transformer/allocator.py)
+    model = _model(config, backend=backend)
+    trainer = Trainer(model, Adam(lr=1e-3, backend=backend), constant_lr(1e-3), clip=1.0)
+    data = [Batch((np.asarray(x),), np.asarray(y)) for x, y in _batches(config)]
+
+    def step(i: int) -> float:
+        return trainer.step(data[i % len(data)]).loss
+
+    return step
+
+
+def _fused_sdpa(q, k, v, mask=None, bias=None, scale=None):
+    """The twin's ``sdpa`` on PyTorch's fused kernel (causal self-attention, no bias here)."""
+    import torch.nn.functional as F
+
+    assert bias is None and scale is None
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    if mask is not None and t_q == t_k and mask.shape[-2:] == (t_q, t_k) and bool(
+            (mask == mask.new_ones(t_q, t_k).tril()).all()):  # the causal mask
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _torch_step(config: dict, threads: int, fused: bool):
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from ..torch_twins import modules as twin_modules
+    from ..torch_twins import to_torch
+
+    if fused:
+        twin_modules.sdpa = _fused_sdpa  # MultiHeadAttention.forward looks it up at call time
+    torch.set_num_threads(threads)
+    model = to_torch(_model(config))  # same architecture, our initial weights
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    vocab = config["model"]["vocab"]
+    data = [(torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(y)))
+            for x, y in _batches(config)]
+
+    def step(i: int) -> float:
+        x, y = data[i % len(data)]
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss.item()
+
+    return step
+
+
+def worker(variant: str, config_name: str, threads: int) -> None:
+    """Serve one variant on stdin/stdout: a line ``n`` times n steps, ``-1`` ends."""
+    import resource
+
+    config = CONFIGS[config_name]
+    if variant.startswith("torch"):
+        step = _torch_step(config, threads, fused=variant == "torch-sdpa")
+    else:
+        step = _ours_step(config, variant, threads)
+    i, first_loss = 0, None
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        n = int(line)
+        if n < 0:
+            break
+        times, losses = [], []
+        for _ in range(n):
+            start = time.perf_counter()
+            losses.append(step(i))
+            times.append(time.perf_counter() - start)
+            i += 1
+        first_loss = losses[0] if first_loss is None and losses else first_loss
+        print(json.dumps({"times": times, "loss": losses[-1] if losses else None,
+                          "first_loss": first_loss}), flush=True)
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    print(json.dumps({"maxrss_mib": rss_kib / 1024}), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Main side
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Worker:
+    """A variant's process: ``run(n)`` times n steps there.
+
+    ``env`` is added to the worker's environment (``NUMBA_CACHE_DIR`` for a cold start);
+    ``first_step`` is the time of its very first step, compilation and lazy set-up included.
+    """
+
+    label: str
+    variant: str
+    config: str
+    threads: int
+    blas: int
+    env: dict = field(default_factory=dict)
+    times: list = field(default_factory=list)
+    first_step: float | None = None
+    first_loss: float | None = None
+    rss_mib: float | None = None
+
+    def __post_init__(self) -> None:
+        env = dict(os.environ)
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[var] = str(self.blas)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH"))
+                                            if p)
+        env.update(self.env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", __name__, "--worker", self.variant, "--config", self.config,
+             "--threads", str(self.threads)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
+    def _ask(self, line: str) -> dict:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the {self.label} worker exited (code {self.proc.wait()})")
+        return json.loads(answer)
+
+    def wait_ready(self) -> None:
+        """Block until the worker has built its model."""
+        if not self.proc.stdout.readline():
+            raise RuntimeError(f"the {self.label} worker exited (code {self.proc.wait()})")
+
+    def run(self, n: int, keep: bool = True) -> None:
+        """Time ``n`` steps in the worker; keep their times unless warming up."""
+        answer = self._ask(str(n))
+        times = answer["times"]
+        if self.first_step is None and times:
+            self.first_step = times[0]
+        self.first_loss = answer["first_loss"]
+        if keep:
+            self.times += times
+
+    def close(self) -> None:
+        """End the worker; records its peak RSS."""
+        self.rss_mib = self._ask("-1")["maxrss_mib"]
+        self.proc.wait()
+
+
+def variants_for(threads: list[int], numpy: bool = True, torch: bool = True,
+                 attention: bool = True) -> list[tuple]:
+    """``(label, variant, threads, BLAS threads)`` of every worker of a run (``attention``:
+    the model has attention, so PyTorch's fused ``F.sdpa`` is a variant)."""
+    variants = []
+    for n in threads:
+        variants.append((f"ours numba, {n} thr", "numba", n, n))
+        if n > 1:
+            variants.append((f"ours numba, {n} thr, BLAS 1", "numba", n, 1))
+        if torch and attention:
+            variants.append((f"torch eager F.sdpa, {n} thr", "torch-sdpa", n, n))
+            variants.append((f"torch eager twin, {n} thr", "torch", n, n))
+    if numpy:
+        variants.append(("ours numpy, 1 thr", "numpy", 1, 1))
+    return variants
+
+
+def measure(config: str, variants: list[tuple], steps: int, warmup: int,
+            rounds: int) -> list[Worker]:
+    """Start one worker per variant and time them in turn; returns the closed workers."""
+    workers = [Worker(label, v, config, n, blas) for label, v, n, blas in variants]
+    try:
+        for w in workers:
+            w.wait_ready()
+        for w in workers:
+            w.run(warmup, keep=False)
+        for n in [steps // rounds + (r < steps % rounds) for r in range(rounds)]:
+            for w in workers:  # in turn, so load from elsewhere hits every variant alike
+                w.run(n)
+        for w in workers:
+            w.close()
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.kill()
+    return workers
+
+
+def median(values: list[float]) -> float:
+    """The median of a non-empty list."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def torch_installed() -> bool:
+    """Whether ``import torch`` would work, without importing it."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+def machine_info() -> str:
+    """Processor, versions and the load average, for the head of a table."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+    return (f"{platform.processor() or platform.machine()}, nproc {os.cpu_count()}, Python "
+            f"{platform.python_version()}, NumPy {installed('numpy')}, Numba "
+            f"{installed('numba')}, torch {installed('torch')}; load average {load}")
+
+
+def print_table(config: str, workers: list[Worker], sgemm: dict[int, list[float]]) -> None:
+    """The markdown table of a run: one row per worker, ratios to torch at its thread count."""
+    medians = {w.label: median(w.times) for w in workers}
+    fused = {w.threads: medians[w.label] for w in workers if w.variant == "torch-sdpa"}
+    twin = {w.threads: medians[w.label] for w in workers if w.variant == "torch"}
+    cfg = CONFIGS[config]
+    tokens, flops = cfg["batch"] * cfg["context"], step_flops(cfg)
+    print("\n| variant | threads (numba/torch, BLAS) | median step (ms) | min (ms) "
+          "| / torch F.sdpa | / torch twin | tokens/s | GFLOP/s | peak RSS (MiB) | first loss |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for w in workers:
+        med = medians[w.label]
+        ratios = [f"{med / ref[w.threads]:.2f}" if w.threads in ref else "-"
+                  for ref in (fused, twin)]
+        print(f"| {w.label} | {w.threads}, {w.blas} | {1e3 * med:.1f} | "
+              f"{1e3 * min(w.times):.1f} | {ratios[0]} | {ratios[1]} | {tokens / med:,.0f} | "
+              f"{flops / med / 1e9:.1f} | {w.rss_mib:.0f} | {w.first_loss:.5f} |")
+    print(f"\nmodel FLOPs per step {flops / 1e9:.2f} G (bench.train_step.step_flops); sgemm "
+          "(NumPy's BLAS, float32 1024^3) before / after the workers: " + "; ".join(
+              f"{n} thr {' / '.join(f'{g:.0f}' for g in rates)} GFLOP/s"
+              for n, rates in sorted(sgemm.items())))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command line of the long benchmark (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", choices=list(CONFIGS), default="chapter")
+    parser.add_argument("--steps", type=int, default=30, help="measured steps per variant")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="the steps are asked for in this many turns per variant")
+    parser.add_argument("--threads", default="1,2", help="thread counts to measure")
+    parser.add_argument("--no-numpy", action="store_true", help="skip the numpy backend")
+    parser.add_argument("--no-twin", action="store_true",
+                        help="skip PyTorch with hand-written attention")
+    parser.add_argument("--quick", action="store_true", help="2 warm-up + 6 steps, 1 thread")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    threads = [int(t) for t in args.threads.split(",")]
+    if args.worker:
+        worker(args.worker, args.config, threads[0])
+        return
+    if args.quick:
+        args.steps, args.warmup, args.rounds, threads = 6, 2, 2, [1]
+    from .sgemm import sgemm_gflops
+
+    variants = variants_for(threads, numpy=not args.no_numpy, torch=torch_installed(),
+                            attention=CONFIGS[args.config].get("kind") != "lstm")
+    if args.no_twin:
+        variants = [v for v in variants if v[1] != "torch"]
+    print(machine_info(), flush=True)
+    cfg = CONFIGS[args.config]
+    print(f"config {args.config}: {cfg['model']}, batch {cfg['batch']} x context "
+          f"{cfg['context']}; {args.warmup} warm-up + {args.steps} measured steps per "
+          f"variant in {args.rounds} rounds", flush=True)
+    sgemm = {n: [sgemm_gflops(n)] for n in threads}
+    workers = measure(args.config, variants, args.steps, args.warmup, args.rounds)
+    for n in threads:
+        sgemm[n].append(sgemm_gflops(n))
+    print_table(args.config, workers, sgemm)
+    print(f"\nload average at end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()

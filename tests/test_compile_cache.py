@@ -1,0 +1,69 @@
+"""The kernels' on-disk cache (``cache=True``): a second process loads them and compiles nothing.
+
+A training step on the numba backend runs in a fresh interpreter twice, on the same Numba cache
+(the package's own, which the rest of the test session fills). The first process may compile
+what the cache lacks; the second must find everything there: Numba's event API
+(``numba.core.event``) reports every compilation, and none may happen. Anything that breaks the
+cache (a function that captures a pointer or a large global array, a kernel compiled for a
+type that differs between runs) shows up here by name, not as half a minute more on every
+user's first step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy_transformer
+
+STEP_COUNTING_COMPILES = r"""
+import json
+import os
+from numba.core import event
+
+compiled = []
+
+class Count(event.Listener):
+    def on_start(self, ev):
+        pass
+
+    def on_end(self, ev):
+        d = ev.data["dispatcher"]
+        compiled.append(f"{d.py_func.__module__}.{d.py_func.__name__}")
+
+event.register("numba:compile", Count())
+import numba
+import numpy as np
+from numpy_transformer.nn import DecoderLM, TransformerConfig
+from numpy_transformer.optim import Adam
+from numpy_transformer.schedules import constant_lr
+from numpy_transformer.train import Batch, Trainer
+
+numba.set_num_threads(2)  # the chunked kernels and the attention's shares on two threads
+config = TransformerConfig(vocab=11, width=16, heads=2, layers=1, ffn_width=32, max_len=32,
+                           activation="relu", dtype="float32", backend="numba")
+trainer = Trainer(DecoderLM(config), Adam(lr=1e-3, backend="numba"), constant_lr(1e-3),
+                  clip=1.0)
+rng = np.random.default_rng(0)
+ids = rng.integers(0, 11, size=(2, 8, 32))  # 8 x 32 = 256 rows: the chunked kernels' paths
+trainer.step(Batch((ids[0],), ids[1]))
+print(json.dumps(compiled))
+"""
+
+
+def compilations() -> list[str]:
+    """The functions a fresh process compiled for one training step."""
+    env_path = str(Path(numpy_transformer.__file__).parents[1])
+    proc = subprocess.run([sys.executable, "-c", STEP_COUNTING_COMPILES], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": env_path},
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_a_second_process_loads_every_kernel_from_the_cache():
+    compilations()  # fills the cache if it lacks anything
+    assert compilations() == []
