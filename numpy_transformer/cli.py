@@ -1,10 +1,14 @@
-"""The ``numpy-transformer`` command: train, sample, gradcheck, bench.
+"""The ``numpy-transformer`` command: train, sample, gradcheck, export, bench.
 
 ``numpy-transformer train`` with no arguments trains the chapter's character model (width 84,
 4 heads, 2 layers, FFN 168 ReLU, sinusoidal positions, scaled embeddings, context 100, batch
 64, Adam lr 2e-3, clipping at 1.0, float32) on the embedded corpus in about five minutes on
 two cores, and leaves ``runs/char-lm/`` with a checkpoint, the loss log, two plots and a
-sample. ``python -m numpy_transformer`` is the same command.
+sample. ``numpy-transformer train --model lstm`` trains the LSTM of about the same size
+(embedding 85, one layer of 128: 132,336 parameters at the chapter's vocabulary of 104) with
+the same recipe into ``runs/char-lstm/``: the same files but the attention map, which an
+LSTM does not have. ``numpy-transformer sample RUN_DIR`` continues a prompt with either.
+``python -m numpy_transformer`` is the same command.
 
 Exit codes
 ----------
@@ -50,6 +54,7 @@ from .config import (
 )
 from .runs.options import (
     COPY_SHIFT,
+    DEFAULT_MODEL,
     DEFAULT_TASK,
     EXIT_DIVERGED,
     EXIT_IO,
@@ -59,6 +64,7 @@ from .runs.options import (
     LENGTH,
     MAX_SAMPLE_LENGTH,
     MODEL_DEFAULTS,
+    MODELS,
     NONNEG_INT,
     OPTIMIZERS,
     OPTION_KEYS,
@@ -66,7 +72,6 @@ from .runs.options import (
     POSITIVE_INT,
     REVERSE_LENGTH,
     RUN_FILES,
-    SAMPLE,
     SAMPLE_LENGTH,
     SAMPLE_PROMPT,
     SAMPLE_TEMPERATURE,
@@ -75,6 +80,7 @@ from .runs.options import (
     TASKS,
     TRAIN_DEFAULTS,
     TRAIN_NUMBERS,
+    WRITTEN_ONLY_BY,
     Rule,
     UsageError,
     default_run_folder,
@@ -130,21 +136,26 @@ def option(key: str):
 # --------------------------------------------------------------------------------------------
 
 LM = {**MODEL_DEFAULTS["lm"], **TRAIN_DEFAULTS["lm"]}  # the defaults the help shows
+LSTM = MODEL_DEFAULTS["lstm"]
 TASK = {**MODEL_DEFAULTS["task"], **TRAIN_DEFAULTS["task"]}
 
 
 def default(key: str) -> str:
-    """``[value]``: the language model's default of option ``key``, for a help line."""
-    return f"[{LM[key]}]"
+    """``[value]``: the language model's default of option ``key``, for a help line (with the
+    LSTM's, where it has the option and its default differs)."""
+    if key in LSTM and LSTM[key] != LM.get(key, LSTM[key]):
+        return f"[{LM[key]}; --model lstm: {LSTM[key]}]"
+    return f"[{LM[key] if key in LM else LSTM[key]}]"
 
 
-TRAIN_DESCRIPTION = ("Train a Transformer and write a run folder:\n"
-                     f"{', '.join(name for name in RUN_FILES if name != SAMPLE)} and,\n"
-                     f"for language models, {SAMPLE}.")
+TRAIN_DESCRIPTION = "Train a Transformer or an LSTM and write a run folder:\n" + textwrap.fill(
+    ", ".join(f"{name} ({WRITTEN_ONLY_BY[name][2]} only)" if name in WRITTEN_ONLY_BY else name
+              for name in RUN_FILES) + ".", width=80)
 TRAIN_EPILOG = """\
 examples:
   numpy-transformer train                      # the chapter's char model, ~5 min, runs/char-lm
   numpy-transformer train --text notes.txt --steps 3000 --out runs/notes
+  numpy-transformer train --model lstm         # the LSTM of the same size, runs/char-lstm
   numpy-transformer train --task sort --steps 300
   numpy-transformer train --width 16 --heads 2 --layers 1 --ffn-width 32 --context 32 \\
       --steps 40 --out runs/tiny
@@ -188,21 +199,31 @@ def build_parser() -> Parser:
                        description=TRAIN_DESCRIPTION, epilog=TRAIN_EPILOG, formatter_class=raw)
     g = t.add_argument_group("data")
     g.add_argument("--task", choices=TASKS, default=DEFAULT_TASK,
-                   help="lm: next-character model (DecoderLM); sort (EncoderClassifier), "
+                   help="lm: next-character model (DecoderLM, or LSTMLM with --model "
+                   "lstm); sort (EncoderClassifier), "
                    f"copy (DecoderLM, digit {COPY_SHIFT} back), reverse (EncoderDecoder) "
                    f"[{DEFAULT_TASK}]")
     g.add_argument("--text", metavar="FILE", help="UTF-8 text to train the LM on "
                    "[the embedded corpus: this library's own source]")
     g = t.add_argument_group("model")
+    g.add_argument("--model", choices=MODELS, help="the language model: a Transformer "
+                   f"(DecoderLM) or an LSTM (LSTMLM); --task lm only [{DEFAULT_MODEL}]")
+    g.add_argument("--layers", type=option("layers"),
+                   help=f"Transformer blocks, or stacked LSTM layers {default('layers')}")
+    g.add_argument("--context", type=option("max_len"), dest="max_len", metavar="T",
+                   help="window length T = max_len, the size of a Transformer's position "
+                   f"table {default('max_len')}")
+    g.add_argument("--dtype", choices=DTYPES, help=default("dtype"))
+    g.add_argument("--backend", choices=BACKENDS,
+                   help="numpy: the readable NumPy references; numba: the fused kernels "
+                        f"(attention, norms, activations, loss, LSTM recurrence) "
+                        f"{default('backend')}")
+    g = t.add_argument_group(f"Transformer (--model {DEFAULT_MODEL})")
     g.add_argument("--width", type=option("width"), help=f"residual width C {default('width')}")
     g.add_argument("--heads", type=option("heads"),
                    help=f"attention heads, must divide width {default('heads')}")
-    g.add_argument("--layers", type=option("layers"), help=f"blocks {default('layers')}")
     g.add_argument("--ffn-width", type=option("ffn_width"),
                    help=f"feed-forward hidden width {default('ffn_width')}")
-    g.add_argument("--context", type=option("max_len"), dest="max_len", metavar="T",
-                   help="window length T = max_len, the size of the position table "
-                   f"{default('max_len')}")
     g.add_argument("--norm", choices=NORMS, help=default("norm"))
     g.add_argument("--activation", choices=ACTIVATIONS, help=default("activation"))
     g.add_argument("--positions", choices=POSITIONS, help=default("positions"))
@@ -210,10 +231,11 @@ def build_parser() -> Parser:
                    help="post-LN blocks as Vaswani et al. "
                    f"[{'pre-LN' if LM['norm_first'] else 'post-LN'}]")
     g.add_argument("--dropout", type=option("dropout"), help=default("dropout"))
-    g.add_argument("--dtype", choices=DTYPES, help=default("dtype"))
-    g.add_argument("--backend", choices=BACKENDS,
-                   help="numpy: the readable NumPy references; numba: the fused kernels "
-                        f"(attention, norms, activations, loss) {default('backend')}")
+    g = t.add_argument_group("LSTM (--model lstm)")
+    g.add_argument("--hidden", type=option("hidden"),
+                   help=f"width H of the hidden and cell states {default('hidden')}")
+    g.add_argument("--embed", type=option("embed"), help="width E of the token embedding; "
+                   f"the default lands near the Transformer's size {default('embed')}")
     g = t.add_argument_group("optimisation")
     g.add_argument("--optimizer", choices=OPTIMIZERS, help=default("optimizer"))
     g.add_argument("--lr", type=option("lr"), help=f"peak learning rate {default('lr')}")
@@ -233,8 +255,9 @@ def build_parser() -> Parser:
                    f"0 = only at the end {default('save_every')}")
     g = t.add_argument_group("run folder")
     g.add_argument("--out", metavar="RUN_DIR", help="where the run goes "
-                   f"[{default_run_folder('lm')}, or {default_run_folder('TASK')}; if in use, "
-                   "a new folder with a timestamp suffix]")
+                   f"[{default_run_folder('lm')}, {default_run_folder('lm', 'lstm')} or "
+                   f"{default_run_folder('TASK')}; if in use, a new folder with a timestamp "
+                   "suffix]")
     g.add_argument("--force", action="store_true",
                    help="reuse a non-empty --out (our files in it are replaced)")
     g.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR "
@@ -242,7 +265,9 @@ def build_parser() -> Parser:
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
     s = sub.add_parser("sample", help="generate text from a trained language model",
-                       description="Continue a prompt with a trained language model.",
+                       description="Continue a prompt with a trained language model, a "
+                       "Transformer (with its key/value cache) or an LSTM (carrying its "
+                       "state).",
                        epilog="example:\n  numpy-transformer sample runs/char-lm --prompt "
                        "'def ' --length 400 --temperature 0.7 --top-k 20", formatter_class=raw)
     s.add_argument("run", nargs="?", default=str(default_run_folder("lm")),

@@ -125,8 +125,13 @@ class LSTMConfig:
         return self.hidden if self.embed is None else self.embed
 
     def validate(self) -> LSTMConfig:
-        """Raise ``ValueError`` naming the first bad value; returns ``self`` when all is well."""
+        """Raise ``ValueError`` naming the first bad value; returns ``self`` when all is well.
+
+        As for ``TransformerConfig``, sizes whose weights cannot fit in the memory available
+        are bad values (``numpy_transformer.memory``).
+        """
         from ._checks import check_choice, check_positive  # as in TransformerConfig.validate
+        from .memory import LSTM_KIND, check_config_fits
 
         for name in ("vocab", "hidden", "max_len", "layers"):
             check_positive(name, getattr(self, name), integer=True)
@@ -137,4 +142,5 @@ class LSTMConfig:
             check_choice(name, getattr(self, name), allowed)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        check_config_fits(self, (LSTM_KIND,))  # refused before anything is made
         return self

@@ -11,7 +11,10 @@ integers (they cannot overflow), and count only what certainly stays allocated:
 * the activations one training step keeps for its backward pass, per position: the block's
   inputs, q, k, v, the attention output, the feed-forward network's hidden layer (twice: before
   and after the activation), the logits and their probabilities; with the NumPy backend also the
-  attention probabilities (H by T per position; the numba kernel keeps one number per row);
+  attention probabilities (H by T per position; the numba kernel keeps one number per row).
+  An LSTM keeps the embedding and, per layer, its four gates, c, tanh(c) and h (7H a position:
+  ``functional/lstm.py``'s cache, the same on both backends), then the logits and their
+  probabilities;
 * the LM's window schedule, drawn up front: steps x batch int64 starts.
 
 NumPy's temporaries and the interpreter are not counted, so the estimate is a lower bound of
@@ -31,7 +34,9 @@ __all__ = ["available_memory", "format_bytes", "weight_count", "activation_count
            "training_bytes", "check_fits", "check_config_fits", "check_training_fits"]
 
 SIZES = ("vocab", "width", "heads", "layers", "ffn_width", "max_len")  # TransformerConfig's
-MODEL_KINDS = ("DecoderLM", "EncoderClassifier", "EncoderDecoder")
+LSTM_SIZES = ("vocab", "embed", "hidden", "layers", "max_len")  # LSTMConfig's
+MODEL_KINDS = ("DecoderLM", "EncoderClassifier", "EncoderDecoder")  # of a TransformerConfig
+LSTM_KIND = "LSTMLM"  # the one model of an LSTMConfig
 SCHEDULE_ITEM = 8  # bytes of one window start (int64)
 
 
@@ -70,15 +75,28 @@ def _itemsize(config) -> int:
     return 4 if config.dtype == "float32" else 8
 
 
+def _sizes(config, model: str) -> dict[str, int]:
+    """The sizes of ``config`` the estimates of ``model`` depend on, by name (an LSTM's
+    ``embed=None`` means ``hidden`` and is left out)."""
+    names = LSTM_SIZES if model == LSTM_KIND else SIZES
+    return {k: getattr(config, k) for k in names if getattr(config, k) is not None}
+
+
 def weight_count(config, model: str = "DecoderLM") -> int:
     """Numbers in the parameters and fixed tables of ``model`` built from ``config``.
 
     Parameters
     ----------
-    config : TransformerConfig
+    config : TransformerConfig or LSTMConfig
         Its sizes are read as they are (not validated).
-    model : {"DecoderLM", "EncoderClassifier", "EncoderDecoder"}
+    model : {"DecoderLM", "EncoderClassifier", "EncoderDecoder", "LSTMLM"}
+        The last for an LSTMConfig, the others for a TransformerConfig.
     """
+    if model == LSTM_KIND:
+        v, e, h = config.vocab, config.embed_width, config.hidden
+        # layer k: w_ih (C_k, 4H), w_hh (H, 4H), b_ih and b_hh (4H,), with C_0 = E, C_k = H
+        lstm = config.layers * (4 * h * h + 8 * h) + 4 * h * (e + (config.layers - 1) * h)
+        return v * e + lstm + h * v + v  # embedding table, the LSTM, the head with its bias
     c, f, v, t = config.width, config.ffn_width, config.vocab, config.max_len
     norm = 2 * c if config.norm == "layernorm" else c  # gain and bias, or gain only
     attention = 4 * (c * c + c)  # q, k, v and the output projection, with biases
@@ -100,6 +118,9 @@ def weight_count(config, model: str = "DecoderLM") -> int:
 def activation_count(config, batch: int, model: str = "DecoderLM") -> int:
     """Numbers one training step of ``batch`` sequences of ``max_len`` keeps for its backward
     pass (a lower bound; see the module docstring)."""
+    if model == LSTM_KIND:
+        per_position = config.embed_width + config.layers * 7 * config.hidden + 2 * config.vocab
+        return batch * config.max_len * per_position
     c, f, t = config.width, config.ffn_width, config.max_len
     hidden = 3 * f if config.activation == "swiglu" else 2 * f
     probs = config.heads * t if config.backend == "numpy" else 0
@@ -157,8 +178,9 @@ def check_fits(needs: Callable[[dict[str, int]], dict[str, int]], sizes: dict[st
                      f"{format_bytes(available)} is available")
 
 
-def check_config_fits(config) -> None:
-    """:func:`check_fits` for the weights of the smallest model ``config`` can build.
+def check_config_fits(config, models: tuple[str, ...] = MODEL_KINDS) -> None:
+    """:func:`check_fits` for the weights of the smallest of ``models`` that ``config`` can
+    build (``(LSTM_KIND,)`` for an LSTMConfig).
 
     Raises
     ------
@@ -167,9 +189,9 @@ def check_config_fits(config) -> None:
     """
     def needs(sizes: dict[str, int]) -> dict[str, int]:
         sized = dataclasses.replace(config, **sizes)
-        return {"weights": min(weight_count(sized, m) for m in MODEL_KINDS) * _itemsize(config)}
+        return {"weights": min(weight_count(sized, m) for m in models) * _itemsize(config)}
 
-    check_fits(needs, {k: getattr(config, k) for k in SIZES})
+    check_fits(needs, _sizes(config, models[0]))
 
 
 def check_training_fits(config, model: str, batch: int, steps: int, eval_batch: int = 0,
@@ -182,10 +204,10 @@ def check_training_fits(config, model: str, batch: int, steps: int, eval_batch: 
     ValueError
         If the run cannot fit in the memory available.
     """
-    def needs(sizes: dict[str, int]) -> dict[str, int]:
-        model_sizes = {k: v for k, v in sizes.items() if k in SIZES}
-        return training_bytes(dataclasses.replace(config, **model_sizes), model,
-                              sizes["batch"], sizes["steps"], eval_batch, schedule)
+    model_sizes = _sizes(config, model)
 
-    sizes = {k: getattr(config, k) for k in SIZES}
-    check_fits(needs, {**sizes, "batch": batch, "steps": steps}, label)
+    def needs(sizes: dict[str, int]) -> dict[str, int]:
+        sized = dataclasses.replace(config, **{k: sizes[k] for k in model_sizes})
+        return training_bytes(sized, model, sizes["batch"], sizes["steps"], eval_batch, schedule)
+
+    check_fits(needs, {**model_sizes, "batch": batch, "steps": steps}, label)

@@ -13,8 +13,9 @@ and its metadata (text, as the format allows) says what it is:
 key                value
 =================  ==========================================================================
 ``format``         ``"numpy_transformer"``
-``model``          the model family: ``"DecoderLM"``, ``"EncoderClassifier"``, ...
-``config``         JSON: the model's ``TransformerConfig`` as a dict
+``model``          the model family: ``"DecoderLM"``, ``"EncoderClassifier"``, ``"LSTMLM"``...
+``config``         JSON: the model's config as a dict (``LSTMConfig`` for an ``LSTMLM``,
+                   ``TransformerConfig`` for the others)
 ``tokenizer``      JSON: ``CharTokenizer.to_dict()`` (absent for models without one)
 ``info``           JSON: anything else, e.g. the run's training options and step
 =================  ==========================================================================
@@ -36,14 +37,15 @@ from pathlib import Path
 
 from .. import interop
 from .. import nn as ours
-from ..config import DEFAULT_BACKEND, TransformerConfig
+from ..config import DEFAULT_BACKEND, LSTMConfig, TransformerConfig
 from ..data import CharTokenizer
 from ..optim import Adam, AdamW
 from ._require import require
 
 FORMAT = "numpy_transformer"
 OPTIMIZER_FORMAT = "numpy_transformer.optimizer"
-MODELS = ("EncoderClassifier", "DecoderLM", "EncoderDecoder")
+MODELS = {"EncoderClassifier": TransformerConfig, "DecoderLM": TransformerConfig,
+          "EncoderDecoder": TransformerConfig, "LSTMLM": LSTMConfig}  # family -> its config
 
 
 @dataclass
@@ -86,7 +88,7 @@ def save_safetensors(path: str | Path, model: ours.Module,
     Parameters
     ----------
     path : path of the ``.safetensors`` file (overwritten)
-    model : EncoderClassifier, DecoderLM or EncoderDecoder
+    model : EncoderClassifier, DecoderLM, EncoderDecoder or LSTMLM
     tokenizer : CharTokenizer, optional
     info : dict, optional
         JSON-able; stored as the ``info`` metadata entry (the run's options, its step...).
@@ -94,7 +96,7 @@ def save_safetensors(path: str | Path, model: ours.Module,
     Raises
     ------
     ValueError
-        If ``model`` is not one of the three model families.
+        If ``model`` is not one of the model families (:data:`MODELS`).
     """
     kind = type(model).__name__
     if kind not in MODELS:
@@ -144,7 +146,7 @@ def load_safetensors(path: str | Path, backend: str | None = None) -> Exported:
     if backend is not None:
         fields["backend"] = backend
     try:
-        config = TransformerConfig(**{**fields, "dtype": dtypes.pop()}).validate()
+        config = MODELS[meta["model"]](**{**fields, "dtype": dtypes.pop()}).validate()
         model = getattr(ours, meta["model"])(config)
         interop.from_torch_state_dict(model, state)
         tokenizer = None

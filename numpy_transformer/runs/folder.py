@@ -22,7 +22,16 @@ from pathlib import Path
 from .._checks import check_file
 from ..checkpoint import CheckpointError, decode_json, load_checkpoint
 from ..files import atomic_write_text, temporary_names
-from .options import CHECKPOINT, CONFIG, LOG, RUN_FILES, UsageError, default_run_folder, say
+from .options import (
+    CHECKPOINT,
+    CONFIG,
+    LOG,
+    RUN_FILES,
+    UsageError,
+    default_run_folder,
+    say,
+    with_model,
+)
 
 try:
     import fcntl
@@ -47,12 +56,14 @@ def log_path(run_dir: Path) -> Path:
 # A new run's folder
 # --------------------------------------------------------------------------------------------
 
-def new_run_folder(out: str | None, task: str, description: dict, force: bool) -> FolderLock:
-    """Choose, create and hold the folder of a new run; write its ``config.json`` and an empty
-    log. Returns the held folder (release it when the run ends: ``with``).
+def new_run_folder(out: str | None, description: dict, force: bool) -> FolderLock:
+    """Choose, create and hold the folder of a new run; write its ``config.json``
+    (``description``: :meth:`~.state.Run.description`) and an empty log. Returns the held
+    folder (release it when the run ends: ``with``).
 
-    * No ``--out``: ``runs/char-lm`` (``runs/<task>`` for the tasks); if that folder is
-      already in use, a fresh ``runs/char-lm-YYYYmmdd-HHMMSS`` beside it (said on stdout).
+    * No ``--out``: ``runs/char-lm`` (``runs/char-lstm`` for the LSTM, ``runs/<task>`` for
+      the tasks); if that folder is already in use, a fresh ``runs/char-lm-YYYYmmdd-HHMMSS``
+      beside it (said on stdout).
     * ``--out DIR`` that is not empty: refused (exit 2), the message says whether it holds a
       different run or this same one (then: resume it, or pass ``--force``).
     * ``--force``: our files in the folder are removed first; other files are left alone.
@@ -64,7 +75,8 @@ def new_run_folder(out: str | None, task: str, description: dict, force: bool) -
     OSError
         When it cannot be written (read-only, permission denied).
     """
-    default = default_run_folder(task)
+    default = default_run_folder(description["options"]["task"],
+                                 description["options"]["model"])
     path = Path(out) if out is not None else default
     if path.exists() and not path.is_dir():
         raise UsageError(f"run folder {path} exists and is not a folder")
@@ -108,6 +120,8 @@ def _refuse_occupied(path: Path, description: dict) -> None:
     if held is None:
         raise UsageError(f"run folder {path} is not empty and holds no run; choose "
                          f"another --out or pass --force")
+    if isinstance(held.get("options"), dict):  # written before --model: a Transformer's
+        held = {**held, "options": with_model(held["options"])}
     diff = _differences(held, description)
     if diff:
         raise UsageError(f"run folder {path} holds a different run (differs in "

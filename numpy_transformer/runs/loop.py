@@ -56,13 +56,10 @@ def start_run(config_fields: dict, options: dict, out: str | None, force: bool,
         run = Run(config_fields, options)
     except ValueError as e:  # load_text and friends name the problem
         raise UsageError(str(e)) from None
-    with new_run_folder(out, options["task"], run.description(), force) as held:
+    with new_run_folder(out, run.description(), force) as held:
         run_dir = held.folder
-        c = run.config
         say(f"run folder {run_dir}")
-        say(f"{type(run.model).__name__}: {run.model.num_parameters():,} parameters, width "
-            f"{c.width}, {c.heads} heads, {c.layers} layers, FFN {c.ffn_width} {c.activation}, "
-            f"{c.positions} positions, context {c.max_len}, {c.dtype}, {c.backend} attention")
+        say(run.summary())
         if run.tokenizer is not None:
             source = options["text"] or "the embedded corpus"
             say(f"data: {source}, {len(run.train_ids) + len(run.val_ids):,} characters, "

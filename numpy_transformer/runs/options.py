@@ -56,15 +56,21 @@ RUN_FILES = {  # every file a run writes into its folder, in the order it first 
                  'and per evaluation {"step", "val_loss", ["val_acc"], ["final"]}',
     "loss.png": "training loss (and held-out loss) against step",
     "attention.png": "last layer's attention weights on a held-out snippet, one panel per head",
-    "sample.txt": "for language models: a sample from the final model",
+    "sample.txt": "a sample from the final model",
 }
 CONFIG, CHECKPOINT, LOG, LOSS_PLOT, ATTENTION_PLOT, SAMPLE = RUN_FILES  # their names
 REPORT_FILES = (LOSS_PLOT, ATTENTION_PLOT, SAMPLE)  # written after the last step (report.py)
+# The files only some runs write: (option, the value of it that writes the file, who that is).
+# An LSTM has no attention map; a synthetic task has no text to sample.
+WRITTEN_ONLY_BY = {ATTENTION_PLOT: ("model", "transformer", "Transformers"),
+                   SAMPLE: ("task", "lm", "language models")}
 
 
-def files_of(task: str, names: tuple[str, ...] = tuple(RUN_FILES)) -> tuple[str, ...]:
-    """Those of ``names`` that a run of ``task`` writes: only a language model writes a sample."""
-    return tuple(name for name in names if task == "lm" or name != SAMPLE)
+def files_of(task: str, model: str, names: tuple[str, ...] = tuple(RUN_FILES)) -> tuple[str, ...]:
+    """Those of ``names`` that a run of ``task`` and ``model`` writes (``WRITTEN_ONLY_BY``)."""
+    run = {"task": task, "model": model}
+    return tuple(name for name in names if name not in WRITTEN_ONLY_BY
+                 or run[WRITTEN_ONLY_BY[name][0]] == WRITTEN_ONLY_BY[name][1])
 
 
 # --------------------------------------------------------------------------------------------
@@ -73,6 +79,8 @@ def files_of(task: str, names: tuple[str, ...] = tuple(RUN_FILES)) -> tuple[str,
 
 TASKS = ("lm", "sort", "copy", "reverse")
 DEFAULT_TASK = "lm"
+MODELS = ("transformer", "lstm")  # --model of the LM: DecoderLM or LSTMLM; the tasks: the first
+DEFAULT_MODEL = MODELS[0]
 COPY_SHIFT = 3  # the copy task predicts the digit 3 places back
 REVERSE_LENGTH = 8  # the reverse task's source length (its default --context)
 
@@ -88,6 +96,11 @@ MODEL_DEFAULTS = {
     "task": dict(width=64, heads=4, layers=2, ffn_width=128, max_len=10, norm="layernorm",
                  activation="relu", positions="sinusoidal", norm_first=True, dropout=0.0,
                  embed_scale=False, backend=DEFAULT_BACKEND, dtype="float32"),
+    # --model lstm: embedding 85, one layer of 128, context 100: 132,336 parameters at the
+    # chapter's vocabulary of 104, the Transformer's 132,488 less 0.11% (the chapter's own LSTM
+    # had 133,224). The LSTMConfig of experiments/charlm.py, trained with the LM's recipe.
+    "lstm": dict(hidden=128, embed=85, layers=1, max_len=100, backend=DEFAULT_BACKEND,
+                 dtype="float32"),
 }
 TRAIN_DEFAULTS = {
     "lm": dict(steps=1500, batch=64, lr=2e-3, optimizer="adam", weight_decay=0.0, warmup=0,
@@ -97,10 +110,16 @@ TRAIN_DEFAULTS = {
                  schedule="constant", clip=1.0, seed=0, eval_every=200, save_every=100,
                  text=None),
 }
-MODEL_KEYS = tuple(MODEL_DEFAULTS["lm"])  # TransformerConfig fields a run sets (not vocab)
+# The config fields a run of each model sets (not vocab and seed: the data and --seed set them)
+MODEL_KEYS = {"transformer": tuple(MODEL_DEFAULTS["lm"]), "lstm": tuple(MODEL_DEFAULTS["lstm"])}
 TRAIN_KEYS = tuple(TRAIN_DEFAULTS["lm"])
 SET_BY_TASK = ("embed_scale",)  # the task decides these; no option changes them
-OPTION_KEYS = tuple(k for k in MODEL_KEYS + TRAIN_KEYS if k not in SET_BY_TASK)  # the user's
+# The options of one model only, e.g. --width (Transformer) and --hidden (LSTM), by model
+ONLY_OF = {model: tuple(k for k in keys if k not in SET_BY_TASK and
+                        not any(k in MODEL_KEYS[other] for other in MODELS if other != model))
+           for model, keys in MODEL_KEYS.items()}
+OPTION_KEYS = ("model", *(k for k in MODEL_KEYS["transformer"] if k not in SET_BY_TASK),
+               *ONLY_OF["lstm"], *TRAIN_KEYS)  # every option of train but --task: the user's
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("constant", "cosine")
 
@@ -135,14 +154,18 @@ LENGTH = Rule(int, lambda v: 0 < v <= MAX_SAMPLE_LENGTH,
 # memory is refused by numpy_transformer.memory before anything is allocated.
 TRAIN_NUMBERS = {"width": POSITIVE_INT, "heads": POSITIVE_INT, "layers": POSITIVE_INT,
                  "ffn_width": POSITIVE_INT, "max_len": POSITIVE_INT, "dropout": RATE,
+                 "hidden": POSITIVE_INT, "embed": POSITIVE_INT,
                  "lr": POSITIVE, "weight_decay": NONNEG, "warmup": NONNEG_INT, "clip": NONNEG,
                  "batch": POSITIVE_INT, "steps": POSITIVE_INT, "seed": NONNEG_INT,
                  "eval_every": NONNEG_INT, "save_every": NONNEG_INT}
 
 
+FLAGS = {"max_len": "--context", "norm_first": "--post-ln"}  # the options named otherwise
+
+
 def flag(key: str) -> str:
     """The command-line flag of option ``key``: ``"ffn_width"`` -> ``"--ffn-width"``."""
-    return "--context" if key == "max_len" else "--" + key.replace("_", "-")
+    return FLAGS.get(key, "--" + key.replace("_", "-"))
 
 
 def parse_number(rule: Rule, text: str) -> float:
@@ -172,43 +195,83 @@ def check_stored_options(config_fields: dict, options: dict) -> None:
         Naming the first bad option.
     """
     given = {**config_fields, **options}
-    for key, rule in TRAIN_NUMBERS.items():
+    for key, allowed in (("task", TASKS), ("model", MODELS), ("optimizer", OPTIMIZERS),
+                         ("schedule", SCHEDULES)):
+        if given.get(key) not in allowed:
+            raise UsageError(f"--{key} {given.get(key)!r}: expected one of {allowed}")
+    check_model_fits_task(given["task"], given["model"])
+    for key in MODEL_KEYS[given["model"]] + TRAIN_KEYS:
+        rule = TRAIN_NUMBERS.get(key)
+        if rule is None:
+            continue
         value = given.get(key)
         types = (int,) if rule.kind is int else (int, float)
         if isinstance(value, bool) or not isinstance(value, types) or not rule.ok(value):
             raise UsageError(f"{flag(key)} {value!r}: expected {rule.expected}")
-    for key, allowed in (("task", TASKS), ("optimizer", OPTIMIZERS), ("schedule", SCHEDULES)):
-        if given.get(key) not in allowed:
-            raise UsageError(f"--{key} {given.get(key)!r}: expected one of {allowed}")
     if not isinstance(given.get("text"), (str, type(None))):
         raise UsageError(f"--text {given.get('text')!r}: expected a file name")
 
 
-def default_run_folder(task: str) -> Path:
-    """Where a run of ``task`` goes without ``--out``: ``runs/char-lm`` or ``runs/<task>``."""
-    return Path("runs") / ("char-lm" if task == "lm" else task)
-
-
-def resolve_options(task: str, given: dict) -> tuple[dict, dict]:
-    """Merge the options the user gave (``None`` = not given) into the task's defaults.
-
-    Returns ``(config_fields, train_options)``: keyword arguments of TransformerConfig
-    (without ``vocab``, which the data decides) and the training options, ``task`` included.
+def check_model_fits_task(task: str, model: str) -> None:
+    """Refuse a model the task cannot train: only the language model may be an LSTM.
 
     Raises
     ------
     UsageError
-        For an unknown task or option, or options that do not fit together.
+    """
+    if task != "lm" and model != DEFAULT_MODEL:
+        raise UsageError(f"--model {model} is for --task lm; the {task} task trains a "
+                         f"Transformer")
+
+
+def with_model(options: dict) -> dict:
+    """``options`` with its ``model``: options written before ``--model`` existed describe a
+    Transformer."""
+    return {"model": DEFAULT_MODEL, **options}
+
+
+def default_run_folder(task: str, model: str = DEFAULT_MODEL) -> Path:
+    """Where a run goes without ``--out``: ``runs/char-lm``, ``runs/char-lstm`` (``--model
+    lstm``) or ``runs/<task>``."""
+    if task != "lm":
+        return Path("runs") / task
+    return Path("runs") / ("char-lstm" if model == "lstm" else "char-lm")
+
+
+def resolve_options(task: str, given: dict) -> tuple[dict, dict]:
+    """Merge the options the user gave (``None`` = not given) into the defaults of the task
+    and the model (``given["model"]``, default :data:`DEFAULT_MODEL`).
+
+    Returns ``(config_fields, train_options)``: keyword arguments of the model's config,
+    TransformerConfig or LSTMConfig (without ``vocab``, which the data decides), and the
+    training options, ``task`` and ``model`` included.
+
+    Raises
+    ------
+    UsageError
+        For an unknown task, model or option, an option of the other model (``--width`` for
+        an LSTM, ``--hidden`` for a Transformer), or options that do not fit together.
     """
     if task not in TASKS:
         raise UsageError(f"--task must be one of {TASKS}, got {task!r}")
+    model_kind = given.get("model") or DEFAULT_MODEL
+    if model_kind not in MODELS:
+        raise UsageError(f"--model must be one of {MODELS}, got {model_kind!r}")
+    check_model_fits_task(task, model_kind)
+    foreign = [key for key, value in given.items() if value is not None
+               and any(key in ONLY_OF[other] for other in MODELS if other != model_kind)]
+    if foreign:
+        owner = next(other for other in MODELS if foreign[0] in ONLY_OF[other])
+        names = ", ".join(flag(key) for key in foreign)
+        raise UsageError(f"{names} {'is an option' if len(foreign) == 1 else 'are options'} of "
+                         f"--model {owner} only, not of --model {model_kind}")
     kind = "lm" if task == "lm" else "task"
-    model = dict(MODEL_DEFAULTS[kind])
+    model = dict(MODEL_DEFAULTS["lstm" if model_kind == "lstm" else kind])
     if task == "reverse":
         model["max_len"] = REVERSE_LENGTH
     train = dict(TRAIN_DEFAULTS[kind])
     for key, value in given.items():
-        if value is None:
+        if value is None or key == "model":
             continue
         if key in model:
             model[key] = value
@@ -226,5 +289,5 @@ def resolve_options(task: str, given: dict) -> tuple[dict, dict]:
                          f"must exceed {COPY_SHIFT}, got {model['max_len']}")
     if train["text"] is not None:
         train["text"] = os.path.abspath(train["text"])  # resume works from any folder
-    train["task"] = task
+    train["task"], train["model"] = task, model_kind
     return model, train

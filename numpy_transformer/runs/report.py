@@ -1,5 +1,6 @@
-"""What a run writes after its last step: the held-out loss, the two plots and, for a
-language model, a sample (the files of :data:`~.options.REPORT_FILES`)."""
+"""What a run writes after its last step: the held-out loss, the loss plot, for a Transformer
+the attention map and, for a language model, a sample (the files of
+:data:`~.options.REPORT_FILES` that :func:`~.options.files_of` the run names)."""
 
 from __future__ import annotations
 
@@ -33,11 +34,12 @@ from .state import Run
 
 def has_report(run: Run, run_dir: Path) -> bool:
     """Whether ``run_dir`` holds every file of the run's report."""
-    return all((run_dir / name).exists() for name in files_of(run.task, REPORT_FILES))
+    return all((run_dir / name).exists()
+               for name in files_of(run.task, run.model_kind, REPORT_FILES))
 
 
 def write_report(run: Run, run_dir: Path) -> int:
-    """After the last step: held-out loss, the two plots and (for an LM) a sample.
+    """After the last step: held-out loss, the plots and (for an LM) a sample.
 
     Returns 0, or 1 (diverged) when the held-out loss of the final weights is not finite:
     weights that are finite but so large that the activations overflow.
@@ -64,15 +66,17 @@ def _report(run: Run, run_dir: Path) -> int:
     if "val_acc" in result:
         line += f", accuracy {result['val_acc']:.3f}"
     say(line)
+    files = files_of(run.task, run.model_kind)
     loss_plot(read_log(run_dir), run_dir / LOSS_PLOT)  # matplotlib is imported only now
-    attention_plot(run, run_dir / ATTENTION_PLOT)
-    if run.task == "lm":
+    if ATTENTION_PLOT in files:
+        attention_plot(run, run_dir / ATTENTION_PLOT)
+    if SAMPLE in files:
         prompt = default_prompt(run.tokenizer)
         ids = generate(run.model, run.tokenizer.encode(prompt), SAMPLE_LENGTH, run.sample_rng,
                        temperature=SAMPLE_TEMPERATURE)
         text = run.tokenizer.decode(ids)
         atomic_write_text(run_dir / SAMPLE, text + "\n")
         say(f"sample (temperature {SAMPLE_TEMPERATURE}):\n{text}")
-    written = [name for name in files_of(run.task) if name != CONFIG]  # config.json came first
+    written = [name for name in files if name != CONFIG]  # config.json came first
     say(f"wrote {run_dir}/: {', '.join(written)}")
     return EXIT_OK

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..data import CharTokenizer
 from ..generate import generate
-from ..nn import DecoderLM
+from ..nn import LSTMLM, DecoderLM
 from .folder import checkpoint_path
 from .options import LENGTH, SAMPLE_PROMPT, UsageError
 from .state import model_from_checkpoint
@@ -40,7 +40,7 @@ def sample_checkpoint(target: str | Path, prompt: str | None, length: int, seed:
         raise UsageError(f"--length {length}: expected {LENGTH.expected}")
     path = checkpoint_path(target)
     model, tokenizer, _ = model_from_checkpoint(path)
-    if tokenizer is None or not isinstance(model, DecoderLM):
+    if tokenizer is None or not isinstance(model, (DecoderLM, LSTMLM)):
         raise UsageError(f"{path}: sample needs a character language model (a --task lm run)")
     prompt = default_prompt(tokenizer) if prompt is None else prompt
     if not prompt:

@@ -34,15 +34,33 @@ from ..data import (
 )
 from ..functional.softmax import cross_entropy_forward
 from ..memory import check_training_fits
-from ..nn import DecoderLM, EncoderClassifier, EncoderDecoder, TransformerConfig
+from ..nn import (
+    LSTMLM,
+    DecoderLM,
+    EncoderClassifier,
+    EncoderDecoder,
+    LSTMConfig,
+    TransformerConfig,
+)
 from ..optim import Adam, AdamW
 from ..schedules import constant_lr, warmup_cosine
 from ..tasks import IGNORE_INDEX, copy_back_batch, reverse_batch, sort_batch
 from ..train import Batch, Trainer
-from .options import COPY_SHIFT, MODEL_KEYS, TRAIN_KEYS, UsageError, check_stored_options, flag
+from .options import (
+    COPY_SHIFT,
+    MODEL_KEYS,
+    MODELS,
+    TRAIN_KEYS,
+    UsageError,
+    check_stored_options,
+    flag,
+    with_model,
+)
 
 MODEL_CLASSES = {"lm": DecoderLM, "copy": DecoderLM, "sort": EncoderClassifier,
-                 "reverse": EncoderDecoder}
+                 "reverse": EncoderDecoder}  # the Transformer of each task
+CONFIG_CLASSES = {DecoderLM: TransformerConfig, EncoderClassifier: TransformerConfig,
+                  EncoderDecoder: TransformerConfig, LSTMLM: LSTMConfig}  # every model a run has
 TASK_EVAL_SET = 512  # sequences of a synthetic task's fixed held-out set
 LM_EVAL_BATCH = 64  # windows per call of the LM's held-out loss (fixed_window_loss's default)
 
@@ -56,14 +74,17 @@ class Run:
     Parameters
     ----------
     config_fields : dict
-        TransformerConfig keywords without ``vocab`` (and ``num_classes``, ``seed``).
+        Keywords of the model's config without ``vocab`` (and ``num_classes``, ``seed``):
+        TransformerConfig's, or LSTMConfig's for ``options["model"] == "lstm"``.
     options : dict
-        Training options, including ``task``.
+        Training options, including ``task`` and ``model``
+        (:func:`~.options.resolve_options`).
     """
 
     def __init__(self, config_fields: dict, options: dict) -> None:
         self.options = options
         self.task = options["task"]
+        self.model_kind = options["model"]  # "transformer" or "lstm" (--model)
         seed = options["seed"]
         self.tokenizer: CharTokenizer | None = None
         self.length = config_fields["max_len"]  # T: LM window; task sequence length
@@ -85,8 +106,8 @@ class Run:
             vocab = 11 if self.task == "reverse" else 10  # digits, plus BOS for reverse
             if self.task == "sort":
                 extra["num_classes"] = 10
-        model_class = MODEL_CLASSES[self.task]
-        config = TransformerConfig(vocab=vocab, seed=seed, **config_fields, **extra)
+        model_class = LSTMLM if self.model_kind == "lstm" else MODEL_CLASSES[self.task]
+        config = CONFIG_CLASSES[model_class](vocab=vocab, seed=seed, **config_fields, **extra)
         try:
             self._check_memory(config, model_class.__name__)  # first: it names the option
             self.config = config.validate()
@@ -111,7 +132,7 @@ class Run:
         self.sample_rng = np.random.default_rng([seed, 3])
 
     # ---------------------------------------------------------------- pieces
-    def _check_memory(self, config: TransformerConfig, model: str) -> None:
+    def _check_memory(self, config: TransformerConfig | LSTMConfig, model: str) -> None:
         """Raise ``ValueError`` naming the option if the run cannot fit in memory: weights,
         gradients, Adam's moments, a step's activations (or an evaluation's, if larger) and
         the LM's window schedule (``numpy_transformer.memory``)."""
@@ -172,6 +193,18 @@ class Run:
             return {"val_loss": float(loss), "val_acc": acc}
         finally:
             self.model.train()
+
+    def summary(self) -> str:
+        """The model in one line: its class, size and shape."""
+        c = self.config
+        head = f"{type(self.model).__name__}: {self.model.num_parameters():,} parameters"
+        if self.model_kind == "lstm":
+            layers = f"{c.layers} LSTM layer{'s' if c.layers > 1 else ''}"
+            return (f"{head}, embedding {c.embed_width}, {layers} of {c.hidden}, context "
+                    f"{c.max_len}, {c.dtype}, {c.backend} recurrence")
+        return (f"{head}, width {c.width}, {c.heads} heads, {c.layers} layers, FFN "
+                f"{c.ffn_width} {c.activation}, {c.positions} positions, context {c.max_len}, "
+                f"{c.dtype}, {c.backend} attention")
 
     def meta(self, finished: bool) -> dict:
         return {"finished": finished, "model": type(self.model).__name__,
@@ -253,6 +286,10 @@ def run_from_description(config: dict, options: dict, source: str | Path) -> Run
 def run_from_checkpoint(ckpt, path: Path) -> Run:
     """Rebuild the :class:`Run` a checkpoint was written by and load the checkpoint into it."""
     run = _rebuild(ckpt.config, ckpt.options, path)
+    if ckpt.meta.get("model") != type(run.model).__name__:
+        raise CheckpointError(f"{path}: the checkpoint holds a {ckpt.meta.get('model')!r} but "
+                              f"its options train a {type(run.model).__name__} (--model "
+                              f"{run.model_kind}); cannot resume")
     same_tokens = ckpt.tokenizer == (run.tokenizer.to_dict() if run.tokenizer else None)
     if run.data_fingerprint != ckpt.meta.get("data_fingerprint") or not same_tokens:
         what = ckpt.options["text"] or "the embedded corpus"
@@ -265,10 +302,18 @@ def run_from_checkpoint(ckpt, path: Path) -> Run:
 
 def _rebuild(config: dict, options: dict, source: str | Path) -> Run:
     if not isinstance(config, dict) or not isinstance(options, dict) \
-            or set(MODEL_KEYS) - set(config) or set(TRAIN_KEYS) | {"task"} != set(options):
+            or set(TRAIN_KEYS) | {"task"} != set(options) - {"model"}:
         raise CheckpointError(f"{source}: config or options are incomplete or from another "
                               f"version")
-    fields = {k: config[k] for k in MODEL_KEYS}
+    options = with_model(options)
+    if options["model"] not in MODELS:
+        raise CheckpointError(f"{source}: unknown --model {options['model']!r}; expected one "
+                              f"of {MODELS}")
+    missing = [k for k in MODEL_KEYS[options["model"]] if k not in config]
+    if missing:
+        raise CheckpointError(f"{source}: the config is not one of a --model "
+                              f"{options['model']} (it lacks {', '.join(missing)})")
+    fields = {k: config[k] for k in MODEL_KEYS[options["model"]]}
     try:
         check_stored_options(fields, options)
         return Run(fields, dict(options))
@@ -287,13 +332,15 @@ def _check_same_config(run: Run, config: dict, source: str | Path) -> None:
 def model_from_checkpoint(path: Path):
     """``(model, tokenizer or None, checkpoint)`` of a checkpoint, for sampling."""
     ckpt = load_checkpoint(path)
-    try:
-        config = TransformerConfig(**ckpt.config).validate()
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{path}: bad model config: {e}") from None
-    model_class = {c.__name__: c for c in MODEL_CLASSES.values()}.get(ckpt.meta.get("model"))
+    kind = ckpt.meta.get("model")
+    model_class = {c.__name__: c for c in CONFIG_CLASSES}.get(kind if isinstance(kind, str)
+                                                              else None)
     if model_class is None:
-        raise CheckpointError(f"{path}: unknown model kind {ckpt.meta.get('model')!r}")
+        raise CheckpointError(f"{path}: unknown model kind {kind!r}")
+    try:
+        config = CONFIG_CLASSES[model_class](**ckpt.config).validate()
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: bad {kind} config: {e}") from None
     model = model_class(config)
     try:
         model.load_state_dict(ckpt.params)
