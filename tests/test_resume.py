@@ -23,6 +23,10 @@ STEPS = 24
 
 def options(task, tmp_path, **extra):
     given = dict(TINY_FIELDS, steps=STEPS, save_every=5, eval_every=10, dropout=0.1, **extra)
+    if task == "lstm":  # the LM's recipe with --model lstm (no dropout option)
+        given = dict(model="lstm", hidden=12, embed=6, layers=2, max_len=16, batch=4,
+                     steps=STEPS, save_every=5, eval_every=10, **extra)
+        task = "lm"
     if task == "lm-numba":
         task, given["backend"] = "lm", "numba"
     if task == "lm":
@@ -87,7 +91,8 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.parametrize("task,k", [("lm", 7), ("lm", 10), ("sort", 13), ("reverse", 3),
-                                    ("copy", 5), ("lm-numba", 9)])
+                                    ("copy", 5), ("lm-numba", 9),
+                                    ("lstm", 8)])
 def test_stop_and_resume_is_bit_exact(task, k, reference, tmp_path, monkeypatch, capsys):
     """k = 10 stops right after a periodic checkpoint; the others between two. "lm-numba"
     uses the fused attention kernel (which, like the numba Adam, is deterministic)."""
