@@ -231,6 +231,13 @@ def build_parser() -> Parser:
                    help="post-LN blocks as Vaswani et al. "
                    f"[{'pre-LN' if LM['norm_first'] else 'post-LN'}]")
     g.add_argument("--dropout", type=option("dropout"), help=default("dropout"))
+    on_off = argparse.BooleanOptionalAction
+    g.add_argument("--embed-scale", action=on_off, help="multiply the token embeddings by "
+                   "sqrt(width), as Vaswani et al. [on for --task lm, off for the tasks]")
+    g.add_argument("--tie-embeddings", action=on_off, help="the output head reuses the token "
+                   "embedding table, as GPT-2 [off]")
+    g.add_argument("--bias", action=on_off, help="every linear layer adds a bias; --no-bias "
+                   "drops them all, as LLaMA [on]")
     g = t.add_argument_group("LSTM (--model lstm)")
     g.add_argument("--hidden", type=option("hidden"),
                    help=f"width H of the hidden and cell states {default('hidden')}")

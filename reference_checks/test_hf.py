@@ -192,3 +192,45 @@ def test_import_refuses_what_we_do_not_have(tmp_path):
         assert message in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(ValueError, match="not a Hugging Face model directory"):
         load_hf(tmp_path / "nothing")
+
+
+# The command-line flags of each family: the road out without writing Python
+CLI_FLAGS = {"gpt2": ["--positions", "learned", "--activation", "gelu_tanh",
+                      "--tie-embeddings", "--no-embed-scale"],
+             "llama": ["--positions", "rope", "--norm", "rmsnorm", "--activation", "swiglu",
+                       "--no-bias", "--no-embed-scale"]}
+
+
+@pytest.mark.parametrize("shape", list(CLI_FLAGS))
+def test_a_command_line_run_exports_to_transformers(tmp_path, shape, capsys):
+    from numpy_transformer import cli
+    from numpy_transformer.runs.state import model_from_checkpoint
+
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT * 40, encoding="utf-8")
+    run = tmp_path / "run"
+    assert cli.main(["train", *CLI_FLAGS[shape], "--width", "16", "--heads", "2", "--layers",
+                     "1", "--ffn-width", "24", "--context", "16", "--batch", "4", "--steps",
+                     "3", "--text", str(text), "--out", str(run), "--quiet"]) == 0
+    assert cli.main(["export", str(run), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    ours, tokenizer, _ = model_from_checkpoint(run / "checkpoint.npz")
+    ids = tokenizer.encode(TEXT[:12])[None]
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert type(theirs).__name__ == CLASSES[shape]
+    assert rel(hf_logits(tmp_path / "hf", ids), ours.forward(ids)) < 1e-5
+
+
+def test_a_command_line_run_of_neither_shape_is_refused(tmp_path, capsys):
+    from numpy_transformer import cli
+
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT * 40, encoding="utf-8")
+    run = tmp_path / "run"
+    assert cli.main(["train", *CLI_FLAGS["llama"][:-2], "--width", "16", "--heads", "2",
+                     "--layers", "1", "--ffn-width", "24", "--context", "16", "--batch", "4",
+                     "--steps", "2", "--text", str(text), "--out", str(run), "--quiet"]) == 0
+    capsys.readouterr()
+    assert cli.main(["export", str(run), "--format", "hf", "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "bias=False (has True)" in err and "embed_scale=False (has True)" in err, err
+    assert not (tmp_path / "hf").exists()

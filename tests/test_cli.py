@@ -40,8 +40,8 @@ def test_default_train_is_the_chapter_char_model():
     fields, options = resolve_options("lm", {})
     assert fields == dict(width=84, heads=4, layers=2, ffn_width=168, max_len=100,
                           norm="layernorm", activation="relu", positions="sinusoidal",
-                          norm_first=True, dropout=0.0, embed_scale=True, backend="numba",
-                          dtype="float32")
+                          norm_first=True, dropout=0.0, embed_scale=True,
+                          tie_embeddings=False, bias=True, backend="numba", dtype="float32")
     assert (options["batch"], options["lr"], options["clip"], options["optimizer"],
             options["schedule"], options["text"]) == (64, 2e-3, 1.0, "adam", "constant", None)
     assert 1000 <= options["steps"] <= 1500  # ~5 minutes at 0.1-0.25 s a step on 2 cores
@@ -49,6 +49,23 @@ def test_default_train_is_the_chapter_char_model():
     assert DecoderLM(config).num_parameters() == 132488  # the chapter's count
     args = cli.build_parser().parse_args(["train"])
     assert args.task == "lm" and args.out is None and args.resume is None
+
+
+def test_shape_flags_reach_the_config():
+    """--bias, --tie-embeddings and --embed-scale, each with its --no- form (the shapes the
+    Hugging Face export needs), override the task's default and only it."""
+    from numpy_transformer.runs.options import OPTION_KEYS
+
+    def fields(argv, task="lm"):
+        args = cli.build_parser().parse_args(["train", *argv])
+        return resolve_options(task, {k: getattr(args, k) for k in OPTION_KEYS})[0]
+
+    keys = ("bias", "tie_embeddings", "embed_scale")
+    assert [fields([])[k] for k in keys] == [True, False, True]
+    assert [fields([], "sort")[k] for k in keys] == [True, False, False]
+    changed = fields(["--no-bias", "--tie-embeddings", "--no-embed-scale"])
+    assert [changed[k] for k in keys] == [False, True, False]
+    assert fields(["--embed-scale"], "copy")["embed_scale"] is True
 
 
 def test_help_of_every_command_has_an_example(capsys):

@@ -91,11 +91,13 @@ REVERSE_LENGTH = 8  # the reverse task's source length (its default --context)
 MODEL_DEFAULTS = {
     "lm": dict(width=84, heads=4, layers=2, ffn_width=168, max_len=100, norm="layernorm",
                activation="relu", positions="sinusoidal", norm_first=True, dropout=0.0,
-               embed_scale=True, backend=DEFAULT_BACKEND, dtype="float32"),
+               embed_scale=True, tie_embeddings=False, bias=True, backend=DEFAULT_BACKEND,
+               dtype="float32"),
     # The synthetic tasks: short digit sequences, a small model learns them in a minute.
     "task": dict(width=64, heads=4, layers=2, ffn_width=128, max_len=10, norm="layernorm",
                  activation="relu", positions="sinusoidal", norm_first=True, dropout=0.0,
-                 embed_scale=False, backend=DEFAULT_BACKEND, dtype="float32"),
+                 embed_scale=False, tie_embeddings=False, bias=True, backend=DEFAULT_BACKEND,
+                 dtype="float32"),
     # --model lstm: embedding 85, one layer of 128, context 100: 132,336 parameters at the
     # chapter's vocabulary of 104, the Transformer's 132,488 less 0.11% (the chapter's own LSTM
     # had 133,224). The LSTMConfig of experiments/charlm.py, trained with the LM's recipe.
@@ -113,13 +115,12 @@ TRAIN_DEFAULTS = {
 # The config fields a run of each model sets (not vocab and seed: the data and --seed set them)
 MODEL_KEYS = {"transformer": tuple(MODEL_DEFAULTS["lm"]), "lstm": tuple(MODEL_DEFAULTS["lstm"])}
 TRAIN_KEYS = tuple(TRAIN_DEFAULTS["lm"])
-SET_BY_TASK = ("embed_scale",)  # the task decides these; no option changes them
 # The options of one model only, e.g. --width (Transformer) and --hidden (LSTM), by model
-ONLY_OF = {model: tuple(k for k in keys if k not in SET_BY_TASK and
-                        not any(k in MODEL_KEYS[other] for other in MODELS if other != model))
+ONLY_OF = {model: tuple(k for k in keys
+                        if not any(k in MODEL_KEYS[other] for other in MODELS if other != model))
            for model, keys in MODEL_KEYS.items()}
-OPTION_KEYS = ("model", *(k for k in MODEL_KEYS["transformer"] if k not in SET_BY_TASK),
-               *ONLY_OF["lstm"], *TRAIN_KEYS)  # every option of train but --task: the user's
+OPTION_KEYS = ("model", *MODEL_KEYS["transformer"], *ONLY_OF["lstm"],
+               *TRAIN_KEYS)  # every option of train but --task: the user's
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("constant", "cosine")
 
