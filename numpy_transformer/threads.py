@@ -15,8 +15,6 @@ a training step of the chapter's model took 242 ms with both pools on 2 threads 
 * :func:`blas_on_calling_thread` is what the kernels use around their calls: NumPy's BLAS,
   which the kernels call, and SciPy's (their fallback, and Numba's ``np.dot``), run each call
   on the thread that makes it.
-* :func:`run_shares` runs the shares of a compiled, lock-free (``nogil``) function on the
-  calling thread and worker threads: the attention kernels' parallelism (see ``_Shares``).
 """
 
 from __future__ import annotations
@@ -24,8 +22,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import queue
-import threading
 
 # OpenBLAS builds name the setter differently: plain, scipy-openblas, 64-bit-integer variants
 _SETTERS = ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_",
@@ -136,57 +132,3 @@ def blas_on_calling_thread():
 
 
 _BLAS_THREADS = functools.cache(_openblas_thread_functions)
-
-
-class _Shares:
-    """Worker threads that run shares of a compiled function beside the calling thread.
-
-    Why not Numba's ``prange``: a ``parallel=True`` function is compiled twice over (the
-    function, and its loop body as a separate kernel with every helper it calls linked in
-    again), which made the attention kernels' first compilation 6 s longer on two cores. A
-    function compiled with ``nogil=True`` runs without the interpreter lock, so plain Python
-    threads run its shares side by side. Handing a share to a waiting thread costs tens of
-    microseconds, so this pays for the few long calls of a step (attention: two per layer),
-    not for the many short ones, which keep Numba's own pool.
-    """
-
-    def __init__(self) -> None:
-        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._started = 0
-
-    def _serve(self) -> None:
-        while True:
-            fn, args, share, done = self._tasks.get()
-            try:
-                fn(*args, share)
-                done.put(None)
-            except BaseException as e:  # handed to the caller, raised there
-                done.put(e)
-
-    def run(self, fn, args: tuple, shares: int) -> None:
-        """``fn(*args, s)`` for s = 0 .. shares - 1; share 0 on the calling thread, the rest
-        on worker threads (started on first use); returns when all are done, raising the
-        first error any share raised."""
-        with self._lock:
-            while self._started < shares - 1:
-                threading.Thread(target=self._serve, daemon=True,
-                                 name=f"numpy_transformer-share-{self._started + 1}").start()
-                self._started += 1
-        done: queue.SimpleQueue = queue.SimpleQueue()
-        for share in range(1, shares):
-            self._tasks.put((fn, args, share, done))
-        errors = []
-        try:
-            fn(*args, 0)
-        except BaseException as e:
-            errors.append(e)
-        for _ in range(1, shares):
-            error = done.get()
-            if error is not None:
-                errors.append(error)
-        if errors:
-            raise errors[0]
-
-
-run_shares = _Shares().run

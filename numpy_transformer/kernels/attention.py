@@ -56,13 +56,11 @@ The forward pass runs in parallel over (batch, query block, head) items. The bac
 in parallel over (batch, chunk, head) items, where each item owns private dk and dv
 accumulators, so no two threads ever add into the same memory; a head is split into several
 chunks of query blocks only when there are too few heads to keep every thread busy, and the
-chunks' partial sums are added at the end. The items are dealt out H at a time, in turn, to
-as many shares as Numba has threads, each share a call of the compiled kernel on its own
-thread (``threads.run_shares``, not ``prange``: a ``parallel=True`` kernel this size took 6 s
-more to compile, twice over). One thread then writes all heads of a row, which sit side by
-side in the (B, T, H, D) outputs (two threads writing alternate heads fought over the same
-cache lines), and the long rows at the bottom of a causal triangle do not all land on one
-thread. Every item's numbers are the same whichever share computes it.
+chunks' partial sums are added at the end. Work items are handed out H at a time
+(``numba.parallel_chunksize(H)``): one thread then writes all heads of a row, which sit side
+by side in the (B, T, H, D) outputs (two threads writing alternate heads fought over the
+same cache lines), and the long rows at the bottom of a causal triangle do not all land on
+one thread.
 
 ``exp`` is written out (``special.exp_clamped``) because without Intel's SVML library Numba
 calls libm's scalar ``exp`` once per element, which would dominate the run time for small
@@ -84,11 +82,11 @@ from typing import NamedTuple
 
 import numba
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..functional.attention import check_attention_inputs, check_sdpa_grads
 from ..functional.masks import causal_mask
-from ..threads import blas_on_calling_thread, run_shares
+from ..threads import blas_on_calling_thread
 from ._validate import check_cache, check_consistent, check_kernel_float
 from .blas import gemm, gemm_address
 from .special import exp_clamped
@@ -347,41 +345,25 @@ def _queries_product(e_t, x, out, i0, n, t_q, t_k, causal, fn):
 # Forward
 # ---------------------------------------------------------------------------------------------
 
-@njit(**_JIT)
-def _share_items(n_items, group, shares, share):
-    # the work items of share `share` of `shares`: groups of `group` consecutive items dealt
-    # out in turn (share s takes groups s, s + shares, ...). A group is the H heads of one
-    # query block, which sit side by side in the (B, T, H, D) outputs: one thread writes them
-    # all (two threads writing alternate heads fought over the same cache lines); dealt out
-    # in turn, the long blocks at the bottom of a causal triangle go to every share alike
-    items = np.empty(n_items, np.int64)
-    count = 0
-    for first in range(share * group, n_items, shares * group):
-        for item in range(first, min(first + group, n_items)):
-            items[count] = item
-            count += 1
-    return items[:count]
-
-
-@njit(**_JIT)
+@njit(parallel=True, **_JIT)
 def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, bias, bstr,
-                         has_bias, fn, out, lse, shares, share):  # pragma: no cover - compiled
-    # Equations (1)-(5) of functional/attention.sdpa_forward, one query block of one head per
-    # work item; this call does share `share` of `shares` (threads.run_shares).
+                         has_bias, n_threads, fn, out, lse):  # pragma: no cover - compiled
+    # Equations (1)-(5) of functional/attention.sdpa_forward, one query block per work item.
     # q: (B, H, T_q, D) any strides, k, v: (B, H, T_k, D) C-contiguous -> out: (B, H, T_q, D),
     # any strides, lse: (B, H, T_q) float64
     n_b, heads, t_q, d = q.shape
     t_k = k.shape[2]
     n_blk = (t_q + _BLOCK_Q - 1) // _BLOCK_Q
-    # scratch of this share, reused by every block it takes: allocating a block's buffers
-    # inside the loop made the OS hand out, and zero, fresh pages for every block, which cost
-    # a third of the backward pass's time
-    s_scratch = np.empty(_BLOCK_Q * t_k, q.dtype)  # one block's scores
-    qs_scratch = np.empty(_BLOCK_Q * d, q.dtype)
-    o_scratch = np.empty(_BLOCK_Q * d, q.dtype)  # out, before the 1 / z
-    m = np.empty(_BLOCK_Q, q.dtype)  # row max
-    z = np.empty(_BLOCK_Q)
-    for item in _share_items(n_b * n_blk * heads, heads, shares, share):
+    # scratch, one row per thread (n_threads = numba.get_num_threads(), passed in because a
+    # compiled function asking for it could not be cached on disk), reused by every block the
+    # thread takes: allocating a block's buffers inside the loop made the OS hand out, and
+    # zero, fresh pages for every block, which cost a third of the backward pass's time
+    s_scratch = np.empty((n_threads, _BLOCK_Q * t_k), q.dtype)  # one block's scores
+    qs_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)
+    o_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)  # out, before the 1 / z
+    m_scratch = np.empty((n_threads, _BLOCK_Q), q.dtype)  # row max
+    z_scratch = np.empty((n_threads, _BLOCK_Q))
+    for item in prange(n_b * heads * n_blk):
         b, blk, h = item // (heads * n_blk), (item // heads) % n_blk, item % heads
         i0 = blk * _BLOCK_Q
         i1 = min(i0 + _BLOCK_Q, t_q)
@@ -392,19 +374,21 @@ def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, b
             out[b, h, i0:i1] = 0.0
             lse[b, h, i0:i1] = -np.inf
             continue
-        qs_t = _gathered_t(q[b, h, i0:i1], n, scale, qs_scratch)  # (D, n) (q * scale)^T
+        tid = numba.get_thread_id()
+        qs_t = _gathered_t(q[b, h, i0:i1], n, scale, qs_scratch[tid])  # (D, n) (q * scale)^T
         ks, vs = k[b, h, :k_hi], v[b, h, :k_hi]  # (k_hi, D)
-        e_t = s_scratch[:k_hi * n].reshape((k_hi, n))  # (k_hi, n) transposed scores
+        e_t = s_scratch[tid, :k_hi * n].reshape((k_hi, n))  # (k_hi, n) transposed scores
         _scores_t(ks, qs_t, e_t, i0, n, t_q, t_k, causal, fn)  # (1) s^T = k (q * scale)^T
         _mask_scores(e_t, i0, n, b, h, t_q, t_k, causal, mask, mstr, has_mask, bias, bstr,
                      has_bias)
+        m, z = m_scratch[tid], z_scratch[tid]
         _column_max(e_t, i0, n, t_q, t_k, causal, m)  # (4) softmax, stabilised by the max
         for r in range(n):
             z[r] = 0.0
             if m[r] == -np.inf:  # every key masked: e = 0 below, so z = 0 and out = 0
                 m[r] = 0.0
         _exp_columns(e_t, i0, n, t_q, t_k, causal, m, z)  # (4) e = exp(s - m), z = sum e
-        o = o_scratch[:n * d].reshape((n, d))
+        o = o_scratch[tid, :n * d].reshape((n, d))
         # (5) out = p v = (e v) / z  (n, D)
         _queries_product(e_t, vs, o, i0, n, t_q, t_k, causal, fn)
         for r in range(n):
@@ -419,10 +403,10 @@ def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, b
 # Backward
 # ---------------------------------------------------------------------------------------------
 
-@njit(**_JIT)
+@njit(parallel=True, **_JIT)
 def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, mstr,
-                          has_mask, bias, bstr, has_bias, n_chunks, fn, dq, dk, dv, dk_part,
-                          dv_part, shares, share):  # pragma: no cover - compiled
+                          has_mask, bias, bstr, has_bias, n_threads, n_chunks, fn,
+                          dq, dk, dv, dk_part, dv_part):  # pragma: no cover - compiled
     # Backward of (5)-(1) with p rebuilt from lse; mirrors functional/attention.sdpa_backward.
     # dout, q, out: (B, H, T_q, D), any strides; k, v: (B, H, T_k, D) C-contiguous (the
     # forward's); lse: (B, H, T_q)
@@ -432,21 +416,22 @@ def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, 
     n_b, heads, t_q, d = q.shape
     t_k = k.shape[2]
     n_blk = (t_q + _BLOCK_Q - 1) // _BLOCK_Q
-    # scratch of this share (see the forward)
-    p_scratch = np.empty(_BLOCK_Q * t_k, q.dtype)
-    ds_scratch = np.empty(_BLOCK_Q * t_k, q.dtype)
-    qs_scratch = np.empty((2, _BLOCK_Q * d), q.dtype)  # q * scale, and transposed
-    do_scratch = np.empty((2, _BLOCK_Q * d), q.dtype)  # dout, and transposed
-    dq_scratch = np.empty(_BLOCK_Q * d, q.dtype)  # dq / scale
-    kd_scratch = np.empty(t_k * d, q.dtype)  # one block's share of dk or dv
-    acc_scratch = np.empty((2, t_k * d), q.dtype)  # the chunk's dk and dv sums
-    row_scratch = np.empty((3, _BLOCK_Q), q.dtype)  # lse (two parts) and delta
+    # scratch, one row per thread (see the forward)
+    p_scratch = np.empty((n_threads, _BLOCK_Q * t_k), q.dtype)
+    ds_scratch = np.empty((n_threads, _BLOCK_Q * t_k), q.dtype)
+    qs_scratch = np.empty((n_threads, 2, _BLOCK_Q * d), q.dtype)  # q * scale, and transposed
+    do_scratch = np.empty((n_threads, 2, _BLOCK_Q * d), q.dtype)  # dout, and transposed
+    dq_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)  # dq / scale
+    kd_scratch = np.empty((n_threads, t_k * d), q.dtype)  # one block's share of dk or dv
+    acc_scratch = np.empty((n_threads, 2, t_k * d), q.dtype)  # the chunk's dk and dv sums
+    row_scratch = np.empty((n_threads, 3, _BLOCK_Q), q.dtype)  # lse (two parts) and delta
     one = q.dtype.type(1)
-    for item in _share_items(n_b * n_chunks * heads, heads, shares, share):
+    for item in prange(n_b * heads * n_chunks):
         b, c, h = item // (heads * n_chunks), (item // heads) % n_chunks, item % heads
+        tid = numba.get_thread_id()
         k_all = _key_end(t_q - 1, b, t_q, t_k, causal, kv_len)  # keys any query may see
         ks, vs = k[b, h, :k_all], v[b, h, :k_all]  # (k_all, D)
-        dk_acc, dv_acc = acc_scratch[0], acc_scratch[1]  # (t_k * D,) flat
+        dk_acc, dv_acc = acc_scratch[tid, 0], acc_scratch[tid, 1]  # (t_k * D,) flat
         dk_acc[:] = 0.0
         dv_acc[:] = 0.0
         # chunk c takes blocks c, c + n_chunks, ...: under a causal mask each chunk then gets
@@ -459,14 +444,14 @@ def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, 
             if k_hi == 0:
                 dq[b, h, i0:i1] = 0.0
                 continue
-            qs = _gathered(q[b, h, i0:i1], n, scale, qs_scratch[0])  # (n, D) q * scale
-            qs_t = _gathered_t(q[b, h, i0:i1], n, scale, qs_scratch[1])  # (D, n)
-            do_blk = _gathered(dout[b, h, i0:i1], n, one, do_scratch[0])  # (n, D)
-            do_t = _gathered_t(dout[b, h, i0:i1], n, one, do_scratch[1])  # (D, n)
+            qs = _gathered(q[b, h, i0:i1], n, scale, qs_scratch[tid, 0])  # (n, D) q * scale
+            qs_t = _gathered_t(q[b, h, i0:i1], n, scale, qs_scratch[tid, 1])  # (D, n)
+            do_blk = _gathered(dout[b, h, i0:i1], n, one, do_scratch[tid, 0])  # (n, D)
+            do_t = _gathered_t(dout[b, h, i0:i1], n, one, do_scratch[tid, 1])  # (D, n)
             # lse = lse_hi + lse_lo, two numbers of the scores' dtype (in float32 the pair
             # keeps the float64 lse's precision); 0 for a fully masked row, whose scores are
             # all hidden or -inf, so that p = exp(-inf) = 0 there instead of nan
-            lse_hi, lse_lo, delta = row_scratch[0], row_scratch[1], row_scratch[2]
+            lse_hi, lse_lo, delta = row_scratch[tid, 0], row_scratch[tid, 1], row_scratch[tid, 2]
             for r in range(n):
                 row_lse = lse[b, h, i0 + r]
                 if row_lse == -np.inf:
@@ -477,16 +462,16 @@ def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, 
                 for col in range(d):
                     total += do_blk[r, col] * out[b, h, i0 + r, col]
                 delta[r] = total
-            p_t = p_scratch[:k_hi * n].reshape((k_hi, n))
+            p_t = p_scratch[tid, :k_hi * n].reshape((k_hi, n))
             # (1) s^T = k (q * scale)^T, again  (k_hi, n)
             _scores_t(ks[:k_hi], qs_t, p_t, i0, n, t_q, t_k, causal, fn)
             _mask_scores(p_t, i0, n, b, h, t_q, t_k, causal, mask, mstr, has_mask, bias, bstr,
                          has_bias)
-            ds_t = ds_scratch[:k_hi * n].reshape((k_hi, n))
+            ds_t = ds_scratch[tid, :k_hi * n].reshape((k_hi, n))
             # (5) out = p v  =>  dp^T = v dout^T
             _scores_t(vs[:k_hi], do_t, ds_t, i0, n, t_q, t_k, causal, fn)
             _softmax_backward_columns(p_t, ds_t, i0, n, t_q, t_k, causal, lse_hi, lse_lo, delta)
-            kd = kd_scratch[:k_hi * d]  # this block's share of dk, dv, (k_hi * D,) flat
+            kd = kd_scratch[tid, :k_hi * d]  # this block's share of dk, dv, (k_hi * D,) flat
             # (5) out = p v  =>  dv = p^T dout
             _keys_product(p_t, do_blk, kd.reshape((k_hi, d)), i0, n, t_q, t_k, causal, fn)
             _add_into(dv_acc[:k_hi * d], kd)
@@ -495,7 +480,7 @@ def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, 
             # qs holds q * scale
             _keys_product(ds_t, qs, kd.reshape((k_hi, d)), i0, n, t_q, t_k, causal, fn)
             _add_into(dk_acc[:k_hi * d], kd)
-            dq_blk = dq_scratch[:n * d].reshape((n, d))
+            dq_blk = dq_scratch[tid, :n * d].reshape((n, d))
             _queries_product(ds_t, ks[:k_hi], dq_blk, i0, n, t_q, t_k, causal, fn)
             _copy_rows(dq_blk, n, scale, dq[b, h, i0:i1])
         dk_sum, dv_sum = dk_acc.reshape((t_k, d)), dv_acc.reshape((t_k, d))
@@ -503,8 +488,8 @@ def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, 
             _copy_rows(dk_sum, t_k, one, dk[b, h])
             _copy_rows(dv_sum, t_k, one, dv[b, h])
         else:
-            _copy_rows(dk_sum, t_k, one, dk_part[b, h, c])
-            _copy_rows(dv_sum, t_k, one, dv_part[b, h, c])
+            _copy_rows(dk_sum, t_k, one, dk_part[b, h, c])  # (not a slice assignment: its
+            _copy_rows(dv_sum, t_k, one, dv_part[b, h, c])  # shape check compiles for ~2 s)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -588,17 +573,6 @@ def _heads_view(b: int, h: int, t: int, d: int, dtype) -> np.ndarray:
     return np.empty((b, t, h, d), dtype=dtype).transpose(0, 2, 1, 3)
 
 
-def _run(kernel, args: tuple, groups: int) -> None:
-    """``kernel(*args, shares, share)`` for every share, on Numba's thread count (at most one
-    share per group of heads), with each BLAS call on the thread that makes it."""
-    shares = max(1, min(numba.get_num_threads(), groups))
-    with blas_on_calling_thread():
-        if shares == 1:
-            kernel(*args, 1, 0)
-        else:
-            run_shares(kernel, (*args, shares), shares)
-
-
 def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     """Fused scaled dot-product attention, ``softmax(q k^T * scale + bias, masked) v``.
 
@@ -651,9 +625,10 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     k, v = (_writeable(np.ascontiguousarray(x)) for x in (k, v))
     out = _heads_view(b, h, t_q, d, q.dtype)  # (B, H, T_q, D)
     lse = np.empty((b, h, t_q), dtype=np.float64)  # (B, H, T_q)
-    args = (q, k, v, q.dtype.type(scale), causal, kv_len, mask_flat, mstr, has_mask, bias_flat,
-            bstr, has_bias, gemm_address(q.dtype), out, lse)
-    _run(_sdpa_forward_kernel, args, b * -(-t_q // _BLOCK_Q))
+    with blas_on_calling_thread(), numba.parallel_chunksize(h):
+        _sdpa_forward_kernel(q, k, v, q.dtype.type(scale), causal, kv_len, mask_flat, mstr,
+                             has_mask, bias_flat, bstr, has_bias, numba.get_num_threads(),
+                             gemm_address(q.dtype), out, lse)
     cache = SDPAKernelCache(q, k, v, out, lse, scale, (b, h, t_q, t_k, d), causal, kv_len,
                             mask_flat, mstr, has_mask, bias_flat, bstr, has_bias)
     return out, cache
@@ -710,11 +685,13 @@ def sdpa_backward(dout, cache: SDPAKernelCache, out=None):
     dq, dk, dv = out
     part_shape = (b, h, n_chunks, t_k, d) if n_chunks > 1 else (1, 1, 1, 1, 1)  # else unused
     dk_part, dv_part = np.empty(part_shape, dtype), np.empty(part_shape, dtype)
-    args = (dout, cache.q, cache.k, cache.v, cache.out, cache.lse, dtype.type(cache.scale),
-            cache.causal, cache.kv_len, cache.mask, cache.mask_strides, cache.has_mask,
-            cache.bias, cache.bias_strides, cache.has_bias, n_chunks, gemm_address(dtype),
-            dq, dk, dv, dk_part, dv_part)
-    _run(_sdpa_backward_kernel, args, b * n_chunks)
+    with blas_on_calling_thread(), numba.parallel_chunksize(h):
+        _sdpa_backward_kernel(dout, cache.q, cache.k, cache.v, cache.out, cache.lse,
+                              dtype.type(cache.scale), cache.causal, cache.kv_len,
+                              cache.mask, cache.mask_strides, cache.has_mask,
+                              cache.bias, cache.bias_strides, cache.has_bias,
+                              numba.get_num_threads(), n_chunks, gemm_address(dtype),
+                              dq, dk, dv, dk_part, dv_part)
     if n_chunks > 1:
         dk[...] = dk_part.sum(axis=2)
         dv[...] = dv_part.sum(axis=2)
