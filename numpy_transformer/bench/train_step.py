@@ -293,6 +293,7 @@ def variants_for(threads: list[int], numpy: bool = True, torch: bool = True,
             variants.append((f"ours numba, {n} thr, BLAS 1", "numba", n, 1))
         if torch and attention:
             variants.append((f"torch eager F.sdpa, {n} thr", "torch-sdpa", n, n))
+        if torch:
             variants.append((f"torch eager twin, {n} thr", "torch", n, n))
     if numpy:
         variants.append(("ours numpy, 1 thr", "numpy", 1, 1))
