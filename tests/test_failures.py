@@ -480,6 +480,31 @@ def test_every_numeric_train_option_is_refused_or_works(tiny, option):
     _no_traceback(code, err)
 
 
+# the LSTM's own sizes, on a tiny LSTM (the Transformer's options are refused with it)
+TINY_LSTM = ["--model", "lstm", "--hidden", "8", "--embed", "4", "--context", "16", "--batch",
+             "4", "--backend", "numpy", "--quiet"]
+LSTM_INTS = ("--hidden", "--embed", "--layers")
+
+
+def test_every_numeric_train_option_is_drawn():
+    """A new numeric option joins the properties below: every one of TRAIN_NUMBERS is drawn."""
+    from numpy_transformer.runs.options import TRAIN_NUMBERS, flag
+
+    drawn = set(TRAIN_INTS) | set(TRAIN_ANY) | set(LSTM_INTS)
+    assert {flag(key) for key in TRAIN_NUMBERS} == drawn
+
+
+@PROPERTY
+@given(_option_and_value({name: st.one_of(SMALL_INT, HUGE_INT) for name in LSTM_INTS}))
+def test_every_numeric_lstm_option_is_refused_or_works(tiny, option):
+    name, value = option
+    with tempfile.TemporaryDirectory() as out:
+        code, _, err = cli("train", *TINY_LSTM, "--steps", "2", "--text", tiny[1], name, value,
+                           "--out", Path(out) / "run", timeout=LIMIT)
+    assert code in (0, 1, 2), (code, err)
+    _no_traceback(code, err)
+
+
 @PROPERTY
 @given(_option_and_value(SAMPLE_OPTIONS))
 def test_every_numeric_sample_option_is_refused_or_works(tiny, option):
