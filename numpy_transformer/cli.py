@@ -304,7 +304,6 @@ def build_parser() -> Parser:
                    help="largest relative error accepted [%(default)g]")
     c.add_argument("--list", action="store_true", help="list the names and exit")
 
-
     e = sub.add_parser("export", help="write a trained model as safetensors (for PyTorch) or "
                        "a Hugging Face directory", description="Write a run's model where other "
                        "tools read it (numpy_transformer.export). safetensors: model.safetensors "
