@@ -31,7 +31,7 @@ import json, time
 start = time.perf_counter()
 from numpy_transformer.runs.options import resolve_options
 from numpy_transformer.runs.state import Run
-config_fields, options = resolve_options("lm", {"steps": 2})
+config_fields, options = resolve_options("lm", {"steps": 2, "model": MODEL})
 run = Run(config_fields, options)
 built = time.perf_counter()
 run.trainer.step(run.batch(0))
@@ -85,16 +85,18 @@ def _python(code: str, cache: Path) -> str:
     return proc.stdout
 
 
-def first_steps(warm: bool = True) -> dict[str, float]:
+def first_steps(warm: bool = True, model: str = "transformer") -> dict[str, float]:
     """Seconds of the first training step on an empty cache (``"cold"``), and, with ``warm``,
     on the cache that run filled (``"warm"``, and ``"second"``: the step after it), each in a
-    fresh process; ``"build"`` is building the run (model, data, optimiser) cold."""
+    fresh process; ``"build"`` is building the run (model, data, optimiser) cold. ``model``
+    is ``train --model``'s: the default run of the Transformer, or of the LSTM."""
     cache = Path(tempfile.mkdtemp(prefix="numba-cold-"))
+    code = f"MODEL = {model!r}\n{FIRST_STEP}"
     try:
-        cold = json.loads(_python(FIRST_STEP, cache))
+        cold = json.loads(_python(code, cache))
         result = {"build": cold["build"], "cold": cold["first_step"]}
         if warm:
-            again = json.loads(_python(FIRST_STEP, cache))
+            again = json.loads(_python(code, cache))
             result.update(warm=again["first_step"], second=again["second_step"])
         return result
     finally:

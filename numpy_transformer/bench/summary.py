@@ -65,7 +65,7 @@ def run(config: str = "chapter", threads: int | None = None, quick: bool = False
           f"context {cfg['context']}, float32, "
           f"{threads} thread(s); median of {counts['steps']} steps after {counts['warmup']} "
           f"warm-up\n{train_step.machine_info()}", flush=True)
-    starts = cold_start.first_steps()
+    starts = cold_start.first_steps(model="lstm" if lstm else "transformer")
     variants = [("ours", "numba", threads, threads)]
     if torch:
         variants.append(("torch", "torch" if lstm else "torch-sdpa", threads, threads))
