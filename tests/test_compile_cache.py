@@ -1,7 +1,8 @@
 """The kernels' on-disk cache (``cache=True``): a second process loads them and compiles nothing.
 
-A training step on the numba backend runs in a fresh interpreter twice, on the same Numba cache
-(the package's own, which the rest of the test session fills). The first process may compile
+A training step of a Transformer and of an LSTM on the numba backend runs in a fresh
+interpreter twice, on the same Numba cache (the package's own, which the rest of the test
+session fills). The first process may compile
 what the cache lacks; the second must find everything there: Numba's event API
 (``numba.core.event``) reports every compilation, and none may happen. Anything that breaks the
 cache (a function that captures a pointer or a large global array, a kernel compiled for a
@@ -37,19 +38,21 @@ class Count(event.Listener):
 event.register("numba:compile", Count())
 import numba
 import numpy as np
-from numpy_transformer.nn import DecoderLM, TransformerConfig
+from numpy_transformer.nn import LSTMLM, DecoderLM, LSTMConfig, TransformerConfig
 from numpy_transformer.optim import Adam
 from numpy_transformer.schedules import constant_lr
 from numpy_transformer.train import Batch, Trainer
 
-numba.set_num_threads(2)  # the chunked kernels and the attention's shares on two threads
-config = TransformerConfig(vocab=11, width=16, heads=2, layers=1, ffn_width=32, max_len=32,
-                           activation="relu", dtype="float32", backend="numba")
-trainer = Trainer(DecoderLM(config), Adam(lr=1e-3, backend="numba"), constant_lr(1e-3),
-                  clip=1.0)
+numba.set_num_threads(2)  # the parallel kernels on two threads
 rng = np.random.default_rng(0)
 ids = rng.integers(0, 11, size=(2, 8, 32))  # 8 x 32 = 256 rows: the chunked kernels' paths
-trainer.step(Batch((ids[0],), ids[1]))
+for model in (DecoderLM(TransformerConfig(vocab=11, width=16, heads=2, layers=1, ffn_width=32,
+                                          max_len=32, activation="relu", dtype="float32",
+                                          backend="numba")),
+              LSTMLM(LSTMConfig(vocab=11, hidden=8, embed=6, max_len=32, dtype="float32",
+                                backend="numba"))):
+    trainer = Trainer(model, Adam(lr=1e-3, backend="numba"), constant_lr(1e-3), clip=1.0)
+    trainer.step(Batch((ids[0],), ids[1]))
 print(json.dumps(compiled))
 """
 
