@@ -2,12 +2,11 @@
 
 A training step of a Transformer and of an LSTM on the numba backend runs in a fresh
 interpreter twice, on the same Numba cache (the package's own, which the rest of the test
-session fills). The first process may compile
-what the cache lacks; the second must find everything there: Numba's event API
-(``numba.core.event``) reports every compilation, and none may happen. Anything that breaks the
-cache (a function that captures a pointer or a large global array, a kernel compiled for a
-type that differs between runs) shows up here by name, not as half a minute more on every
-user's first step.
+session fills). The first process may compile what the cache lacks; the second must find
+everything there: Numba's event API (``numba.core.event``) reports every compilation, and none
+may happen. Anything that breaks the cache (a function that captures a pointer or a large
+global array, a kernel compiled for a type that differs between runs) shows up here by name,
+not as half a minute more on every user's first step.
 """
 
 from __future__ import annotations
