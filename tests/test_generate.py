@@ -109,6 +109,21 @@ def test_kv_cache_overflow_and_reset():
     assert cache.length == 0 and cache.append(k, k)[0].shape[2] == 2
 
 
+def test_new_cache_takes_only_models_that_decode():
+    """A cache per self-attention for a DecoderLM, per cross-attention too for an
+    EncoderDecoder; a classifier or an LSTM (whose state is its own) is refused."""
+    from numpy_transformer.nn import LSTMLM, EncoderClassifier, LSTMConfig
+
+    assert all(b.cross_attn is None for b in new_cache(DecoderLM(tiny_config()), 2).blocks)
+    assert all(b.cross_attn is not None for b in new_cache(EncoderDecoder(tiny_config()), 2).blocks)
+    for model in (EncoderClassifier(tiny_config(num_classes=3)),
+                  LSTMLM(LSTMConfig(vocab=11, hidden=4, max_len=8))):
+        with pytest.raises(ValueError, match="needs a DecoderLM or an EncoderDecoder, got"):
+            new_cache(model, 1)
+    with pytest.raises(ValueError, match="batch must be a positive integer"):
+        new_cache(DecoderLM(tiny_config()), 0)
+
+
 def test_cached_positions_beyond_max_len_raise():
     model = DecoderLM(tiny_config(max_len=4)).eval()
     cache = new_cache(model, 1)

@@ -27,8 +27,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .models import DecoderLM, EncoderDecoder
-
 
 class KVCache:
     """Keys and values of the positions seen so far by one attention layer (inference).
@@ -125,17 +123,25 @@ class DecoderCache:
             block.attn.reset()
 
 
-def new_cache(model: DecoderLM | EncoderDecoder, batch: int) -> DecoderCache:
+def new_cache(model, batch: int) -> DecoderCache:
     """An empty :class:`DecoderCache` for ``batch`` sequences of up to ``max_len`` positions.
 
     The source of an encoder-decoder may be as long as ``max_len`` too.
+
+    Parameters
+    ----------
+    model : DecoderLM or EncoderDecoder
+        The models that decode say how, by their class attribute ``decodes``: ``"self"`` (a
+        cache per self-attention) or ``"cross"`` (one per cross-attention too). This module
+        does not import them: they import it.
+    batch : int
 
     Raises
     ------
     ValueError
         If ``model`` is neither a DecoderLM nor an EncoderDecoder, or ``batch`` < 1.
     """
-    if not isinstance(model, (DecoderLM, EncoderDecoder)):
+    if getattr(type(model), "decodes", None) not in ("self", "cross"):
         raise ValueError(f"cached decoding needs a DecoderLM or an EncoderDecoder, got "
                          f"{type(model).__name__}")
     if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
@@ -147,6 +153,6 @@ def new_cache(model: DecoderLM | EncoderDecoder, batch: int) -> DecoderCache:
         return KVCache(batch, config.heads, config.max_len, config.width // config.heads,
                        dtype=dtype)
 
-    cross = isinstance(model, EncoderDecoder)
+    cross = type(model).decodes == "cross"
     return DecoderCache([BlockCache(kv(), kv() if cross else None)
                          for _ in range(config.layers)])

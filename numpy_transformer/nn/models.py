@@ -237,6 +237,8 @@ class DecoderLM(Module):
     132488
     """
 
+    decodes = "self"  # cached decoding (nn/decoding.py): self-attention caches only
+
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.config = config.validate()
@@ -267,6 +269,8 @@ class EncoderDecoder(Module):
         Source and target share ``vocab``; each has its own token table. With
         ``tie_embeddings`` the head reuses the decoder's table.
     """
+
+    decodes = "cross"  # cached decoding: self-attention caches and the encoded source
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
