@@ -28,7 +28,7 @@ def test_variants_compare_with_the_right_pytorch(attention):
 def test_each_configuration_builds_its_model(name):
     config = train_step.CONFIGS[name]
     model = train_step._model(config, backend="numpy")
-    assert isinstance(model, LSTMLM if config.get("kind") == "lstm" else DecoderLM)
+    assert isinstance(model, LSTMLM if train_step.model_kind(config) == "lstm" else DecoderLM)
     assert model.config.dtype == "float32"
 
 

@@ -4,8 +4,9 @@
 ``NUMBA_CACHE_DIR`` is a new, empty temporary folder (deleted afterwards), so nothing compiled
 before can be loaded; the user's own cache is left alone. "Warm" runs the same process again
 on the cache the cold run filled: it must load everything and compile nothing. The step is the
-default ``numpy-transformer train``'s (the chapter's model, float32, batch 64 x 100), timed
-from building the model to the end of ``Trainer.step``.
+default ``numpy-transformer train``'s (the chapter's model, float32, batch 64 x 100; or, with
+``model="lstm"``, that of ``train --model lstm``), timed from building the model to the end of
+``Trainer.step``.
 
 * :func:`first_steps` -- the cold and the warm first step, and the second step after a warm
   start, each in a fresh process.

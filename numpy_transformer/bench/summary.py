@@ -58,14 +58,14 @@ def run(config: str = "chapter", threads: int | None = None, quick: bool = False
     counts = QUICK if quick else FULL
     torch = train_step.torch_installed()
     cfg = train_step.CONFIGS[config]
-    lstm = cfg.get("kind") == "lstm"
+    lstm = train_step.model_kind(cfg) == "lstm"
     shape = (f"LSTM, hidden {cfg['model']['hidden']}" if lstm else
              f"{cfg['model']['layers']} layers, width {cfg['model']['width']}")
     print(f"numpy-transformer bench: config {config} ({shape}), batch {cfg['batch']} x "
           f"context {cfg['context']}, float32, "
           f"{threads} thread(s); median of {counts['steps']} steps after {counts['warmup']} "
           f"warm-up\n{train_step.machine_info()}", flush=True)
-    starts = cold_start.first_steps(model="lstm" if lstm else "transformer")
+    starts = cold_start.first_steps(model=train_step.model_kind(cfg))
     variants = [("ours", "numba", threads, threads)]
     if torch:
         variants.append(("torch", "torch" if lstm else "torch-sdpa", threads, threads))
@@ -86,7 +86,7 @@ def print_summary(cfg: dict, ours, theirs, starts: dict, ceiling: float, threads
     def row(what: str, mine: str, other: str | None, ratio: str = "") -> None:
         print(f"| {what} | {mine} | {other if theirs else missing} | {ratio if theirs else ''} |")
 
-    kind = "nn.LSTM" if cfg.get("kind") == "lstm" else "F.sdpa"
+    kind = "nn.LSTM" if train_step.model_kind(cfg) == "lstm" else "F.sdpa"
     print(f"\n| | ours (numba) | PyTorch eager ({kind}) | ours / PyTorch |\n|---|---:|---:|---:|")
     row("training step (ms)", f"{1e3 * step:.1f}", ref and f"{1e3 * ref:.1f}",
         ref and f"{step / ref:.2f}")

@@ -86,6 +86,11 @@ CONFIGS = {
 assert tuple(CONFIGS) == BENCH_CONFIGS  # the names the command line offers
 
 
+def model_kind(config: dict) -> str:
+    """``"transformer"`` or ``"lstm"``: which model a configuration trains (``train --model``)."""
+    return config.get("kind", "transformer")
+
+
 def step_flops(config: dict) -> float:
     """Floating-point operations of the matrix products of one training step of ``config``.
 
@@ -96,7 +101,7 @@ def step_flops(config: dict) -> float:
     other elementwise work are left out, as is usual for a model-FLOP count.
     """
     m, b, t = config["model"], config["batch"], config["context"]
-    if config.get("kind") == "lstm":  # gates 4H from the input E and from h; the head
+    if model_kind(config) == "lstm":  # gates 4H from the input E and from h; the head
         e, h = m["embed"], m["hidden"]
         return 3.0 * 2 * b * t * (4 * h * (e + h) + h * m["vocab"])
     c, f = m["width"], m["ffn_width"]
@@ -123,7 +128,7 @@ def _model(config: dict, **overrides):
     from ..nn import LSTMLM, DecoderLM, LSTMConfig, TransformerConfig
 
     kw = {**config["model"], "dtype": "float32", **overrides}
-    if config.get("kind") == "lstm":
+    if model_kind(config) == "lstm":
         return LSTMLM(LSTMConfig(**kw))
     return DecoderLM(TransformerConfig(**kw))
 
@@ -398,7 +403,7 @@ def main(argv: list[str] | None = None) -> None:
     from .sgemm import sgemm_gflops
 
     variants = variants_for(threads, numpy=not args.no_numpy, torch=torch_installed(),
-                            attention=CONFIGS[args.config].get("kind") != "lstm")
+                            attention=model_kind(CONFIGS[args.config]) == "transformer")
     if args.no_twin:
         variants = [v for v in variants if v[1] != "torch"]
     print(machine_info(), flush=True)
