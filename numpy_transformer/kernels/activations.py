@@ -23,6 +23,7 @@ import numpy as np
 from numba import njit, prange
 
 from .._checks import check_shaped
+from ._jit import jit_options
 from ._validate import check_kernel_float
 from .special import exp_shifted
 
@@ -31,7 +32,7 @@ __all__ = ['relu_forward', 'relu_backward', 'gelu_forward', 'gelu_backward']
 
 # error_model="numpy": x / 0 gives inf or NaN as in NumPy instead of raising ZeroDivisionError;
 # the check for that error kept the compiler from vectorising any loop with a division (5x).
-_JIT = dict(cache=True, nogil=True, error_model="numpy")
+_JIT = jit_options(error_model="numpy")
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 

@@ -29,6 +29,7 @@ from numba.extending import intrinsic
 
 from .._checks import check_scalar
 from ..functional import adam as reference
+from ._jit import jit_options
 from ._validate import check_kernel_float
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
@@ -47,7 +48,7 @@ def _pointer_to(typingctx, address, like):
     return types.CPointer(like.dtype)(address, like), codegen
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
+@numba.njit(parallel=True, **jit_options())
 def _adam_kernel(addresses, sizes, decay, l2, block_array, block_start, block_stop, w1, beta2,
                  w2, bc2_sqrt, eps, neg_step):  # pragma: no cover - compiled
     # addresses: (4, arrays) int64, the data of the k-th p, g, m, v in column k, each

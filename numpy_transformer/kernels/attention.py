@@ -87,6 +87,7 @@ from numba import njit, prange
 from ..functional.attention import check_attention_inputs, check_sdpa_grads
 from ..functional.masks import causal_mask
 from ..threads import blas_on_calling_thread
+from ._jit import jit_options
 from ._validate import check_cache, check_consistent, check_kernel_float
 from .blas import gemm, gemm_address
 from .special import exp_clamped
@@ -101,7 +102,7 @@ __all__ = ['sdpa_forward', 'sdpa_backward']
 # hidden triangle it computes and discards is 128 * 128 / 2 scores per block.
 _BLOCK_Q = 128
 
-_JIT = dict(cache=True, fastmath=False, nogil=True)
+_JIT = jit_options(fastmath=False)
 
 
 class SDPAKernelCache(NamedTuple):

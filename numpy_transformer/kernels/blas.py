@@ -42,11 +42,12 @@ from numba.core import cgutils
 from numba.extending import get_cython_function_address, intrinsic, overload
 
 from ..threads import numpy_extension_path
+from ._jit import jit_options
 from ._validate import check_kernel_float
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # CBLAS's enums
 _CHAR = (ord("N"), ord("T"))  # the Fortran interface's, for _NO_TRANS and _TRANS
-_JIT = dict(cache=True, nogil=True)
+_JIT = jit_options()
 # NumPy's wheels ship OpenBLAS with 64-bit integers (ILP64), its symbols suffixed "64_";
 # the call below passes 64-bit integers, so only such symbols are accepted
 _SYMBOLS = {np.dtype(np.float32): ("scipy_cblas_sgemm64_", "cblas_sgemm64_"),

@@ -23,12 +23,13 @@ from numba import njit, prange
 
 from .._checks import check_scalar, check_shaped
 from ..functional.embedding import EmbeddingCache, check_embedding_ids
+from ._jit import jit_options
 from ._validate import check_cache, check_consistent, check_kernel_float
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
 __all__ = ['embeddings_forward', 'embeddings_backward', 'embedding_backward']
 
-_JIT = dict(cache=True, nogil=True, error_model="numpy")
+_JIT = jit_options(error_model="numpy")
 
 
 @njit(parallel=True, **_JIT)

@@ -36,6 +36,7 @@ from .._checks import check_last_dim, check_shaped
 from ..functional import fused as reference
 from ..functional.fused import FeedForwardCache
 from ..threads import blas_on_calling_thread
+from ._jit import jit_options
 from ._validate import check_cache, check_consistent, check_kernel_float
 from .blas import gemm, gemm_address
 from .linear import _chunks, _use_reference
@@ -43,7 +44,7 @@ from .linear import _chunks, _use_reference
 # The operations this module gives the numba backend (numpy_transformer.backend)
 __all__ = ['relu_ffn_forward', 'relu_ffn_backward']
 
-_JIT = dict(cache=True, nogil=True)
+_JIT = jit_options()
 
 
 @njit(parallel=True, **_JIT)

@@ -44,6 +44,7 @@ from .._checks import check_float, check_shaped
 from ..functional import linear as reference
 from ..functional.linear import LinearCache, check_heads, check_linear_inputs
 from ..threads import blas_on_calling_thread
+from ._jit import jit_options
 from ._validate import check_cache, check_consistent, check_kernel_float
 from .blas import gemm, gemm_address
 
@@ -56,7 +57,7 @@ _MIN_ROWS = 256  # fewer rows: the reference's one BLAS call
 # 10-15% faster than 6 of 128 (OpenBLAS single-threaded: 134 GF/s at 128 rows, 150 at 384)
 _CHUNK_ROWS = 384
 _MAX_CHUNKS = 8
-_JIT = dict(cache=True, nogil=True)
+_JIT = jit_options()
 
 
 def _use_reference(n: int) -> bool:

@@ -41,6 +41,7 @@ from numba import njit, prange
 from .._checks import check_shaped
 from ..functional.lstm import LSTMCache, check_lstm_inputs
 from ..threads import blas_on_calling_thread
+from ._jit import jit_options
 from .blas import gemm, gemm_address
 from .special import exp_clamped
 
@@ -48,7 +49,7 @@ from .special import exp_clamped
 __all__ = ['lstm_forward', 'lstm_backward']
 
 _CHUNK_ROWS = 32  # sequences per chunk (about): B = 64 is two chunks, one per core
-_JIT = dict(cache=True, nogil=True, error_model="numpy")
+_JIT = jit_options(error_model="numpy")
 
 
 def _chunks(batch: int) -> int:

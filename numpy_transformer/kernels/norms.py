@@ -48,6 +48,7 @@ from numba import njit, prange
 
 from .._checks import check_scalar, check_shaped
 from ..functional.norms import LayerNormCache, RMSNormCache, check_norm_inputs
+from ._jit import jit_options
 from ._validate import check_cache, check_consistent, check_kernel_float
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
@@ -63,7 +64,7 @@ _ROWS = 64  # rows per block: a task for a thread, and one parameter-gradient pa
 # stay reproducible; they differ from the reference's pairwise sums by rounding only.
 # error_model="numpy": x / 0 gives inf or NaN as in NumPy instead of raising ZeroDivisionError
 # (that check keeps the compiler from vectorising a loop with a division).
-_JIT = dict(cache=True, nogil=True, fastmath={"reassoc"}, error_model="numpy")
+_JIT = jit_options(fastmath={"reassoc"}, error_model="numpy")
 
 
 def _rows(a: np.ndarray) -> np.ndarray:

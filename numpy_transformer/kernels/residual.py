@@ -12,13 +12,14 @@ import numpy as np
 from numba import njit, prange
 
 from ..functional.fused import check_residual
+from ._jit import jit_options
 from ._validate import check_kernel_float
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
 __all__ = ['add_into']
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=True, **jit_options())
 def _add_into_kernel(x, sub):  # pragma: no cover - compiled
     # x, sub: (N,) flat views of the same shape
     for i in prange(x.size):

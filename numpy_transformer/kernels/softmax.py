@@ -27,6 +27,7 @@ from numba import njit, prange
 
 from .._checks import check_scalar
 from ..functional.softmax import CrossEntropyCache, counted_targets
+from ._jit import jit_options
 from ._validate import check_cache, check_consistent, check_kernel_float
 from .special import exp_shifted
 
@@ -35,7 +36,7 @@ __all__ = ['cross_entropy_forward', 'cross_entropy_backward']
 
 # reassoc: SIMD row sums; error_model="numpy": x / 0 gives inf/NaN as in NumPy instead of
 # raising, a check that keeps the compiler from vectorising a loop with a division
-_JIT = dict(cache=True, nogil=True, fastmath={"reassoc"}, error_model="numpy")
+_JIT = jit_options(fastmath={"reassoc"}, error_model="numpy")
 
 
 @njit(parallel=True, **_JIT)

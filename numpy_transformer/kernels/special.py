@@ -18,10 +18,12 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
+from ._jit import jit_options
+
 # "contract" lets the compiler fuse a multiply and an add into one instruction (rounding
 # once instead of twice): the polynomial below runs about 1.4x faster, and stays as accurate.
 # Nothing is reordered (no "reassoc"), so the Cody-Waite split keeps its meaning.
-_JIT = dict(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
+_JIT = jit_options(fastmath={"contract"}, error_model="numpy")
 
 
 def exp_shifted(x, n, shift):
