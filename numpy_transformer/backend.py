@@ -14,6 +14,12 @@ it; nothing else in the library chooses an implementation.
   reference's name and signature and returns what it returns; the tests hold every kernel to
   that, and to its reference's numbers.
 
+The environment variable ``NUMPY_TRANSFORMER_KERNELS`` limits the ``"numba"`` backend to the
+kernel modules it names, comma-separated (``attention,norms``); the other operations keep their
+references. It must be set before the first model is built. The compile workers of
+:mod:`numpy_transformer.runs.precompile` use it to compile one group of kernels each, and it
+narrows a disagreement between the two backends down to one kernel module.
+
 Examples
 --------
 >>> ops = get_backend("numpy")
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from collections.abc import Callable
 from types import ModuleType, SimpleNamespace
 
@@ -36,6 +43,7 @@ REFERENCE_MODULES = ("activations", "adam", "attention", "embedding", "fused", "
                      "lstm", "norms", "positional", "softmax")
 KERNEL_MODULES = ("activations", "adam", "attention", "embedding", "feedforward", "linear",
                   "lstm", "norms", "residual", "softmax")
+KERNELS_VARIABLE = "NUMPY_TRANSFORMER_KERNELS"
 
 
 class Backend(SimpleNamespace):
@@ -66,11 +74,31 @@ def _operations(package: str, modules: tuple[str, ...]) -> dict[str, Callable]:
     return ops
 
 
+def kernel_modules() -> tuple[str, ...]:
+    """The kernel modules the ``"numba"`` backend takes: every one of ``KERNEL_MODULES``, or
+    those named by ``NUMPY_TRANSFORMER_KERNELS``.
+
+    Raises
+    ------
+    ValueError
+        If the variable names a module that is not one of ``KERNEL_MODULES``.
+    """
+    value = os.environ.get(KERNELS_VARIABLE)
+    if value is None:
+        return KERNEL_MODULES
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    for name in names:
+        if name not in KERNEL_MODULES:
+            raise ValueError(f"{KERNELS_VARIABLE} names {name!r}, not a kernel module; "
+                             f"choose from {', '.join(KERNEL_MODULES)}")
+    return names
+
+
 @functools.cache
 def _build(name: str) -> Backend:
     ops = _operations("functional", REFERENCE_MODULES)
     if name == "numba":  # imported only now: the first import compiles or loads the kernels
-        ops.update(_operations("kernels", KERNEL_MODULES))
+        ops.update(_operations("kernels", kernel_modules()))
     return Backend(name=name, **ops)
 
 

@@ -6,7 +6,8 @@ before can be loaded; the user's own cache is left alone. "Warm" runs the same p
 on the cache the cold run filled: it must load everything and compile nothing. The step is the
 default ``numpy-transformer train``'s (the chapter's model, float32, batch 64 x 100; or, with
 ``model="lstm"``, that of ``train --model lstm``), timed from building the model to the end of
-``Trainer.step``.
+``Trainer.step``, the parallel compile that the training loop starts on a cold cache
+(``numpy_transformer/runs/precompile.py``) included.
 
 * :func:`first_steps` -- the cold and the warm first step, and the second step after a warm
   start, each in a fresh process.
@@ -31,10 +32,12 @@ FIRST_STEP = r"""
 import json, time
 start = time.perf_counter()
 from numpy_transformer.runs.options import resolve_options
+from numpy_transformer.runs.precompile import precompile
 from numpy_transformer.runs.state import Run
 config_fields, options = resolve_options("lm", {"steps": 2, "model": MODEL})
 run = Run(config_fields, options)
 built = time.perf_counter()
+precompile(run)  # what the training loop does first (nothing on a warm cache)
 run.trainer.step(run.batch(0))
 first = time.perf_counter()
 run.trainer.step(run.batch(1))

@@ -99,7 +99,8 @@ def linear_heads_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, gro
     Returns
     -------
     y : ndarray of shape (S, B, H, T, D)
-        Here a view of the (B, T, S*H*D) product; the compiled version is C-contiguous.
+        C-contiguous, each head's (T, D) rows together, as the compiled version writes it:
+        the attention that reads it sees one memory layout on either backend.
     cache : LinearCache
     """
     check_float("x", x, ndim=3)
@@ -107,4 +108,5 @@ def linear_heads_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, gro
     check_heads(w, groups, heads)
     out, cache = linear_forward(x, w, b)  # (1) (B, T, S*H*D)
     bsz, t, c = out.shape
-    return out.reshape(bsz, t, groups, heads, c // (groups * heads)).transpose(2, 0, 3, 1, 4), cache
+    heads_view = out.reshape(bsz, t, groups, heads, c // (groups * heads))  # (2)
+    return np.ascontiguousarray(heads_view.transpose(2, 0, 3, 1, 4)), cache

@@ -93,8 +93,8 @@ class MultiHeadAttention(Module):
         computed as one product per source with the weights side by side: x [wq | wk | wv]
         (C, 3C) in self-attention, x wq and context [wk | wv] in cross-attention
     (2) split into heads                                           (B, H, T, D)
-        (1) and (2) are one call, ``linear_heads_forward``: views of the product in NumPy,
-        a product written head by head in the numba kernel
+        (1) and (2) are one call, ``linear_heads_forward``: the product copied head by head
+        in NumPy, written head by head in the numba kernel
     (3) q, k = rope(q), rope(k)                                    (if rope)
         at the positions start .. start + T - 1, start = 0 unless decoding with a cache
     (4) o = softmax(q k^T / sqrt(D) + alibi, masked) v             (B, H, T_q, D)

@@ -45,6 +45,7 @@ from .options import (
     describe_os_error,
     say,
 )
+from .precompile import precompile
 from .report import has_report, write_report
 from .state import Run, run_from_checkpoint, run_from_description
 
@@ -139,6 +140,8 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
     steps, trainer = o["steps"], run.trainer
     ckpt_path = checkpoint_path(run_dir)
     saved_at = trainer.step_count
+    if trainer.step_count < steps:
+        precompile(run)  # on an empty Numba cache: the kernels in parallel processes
     bar = ProgressBar(steps) if progress else None
     # NumPy's overflow warnings are noise here: the Trainer checks every step for non-finite
     # values itself and stops with a NonFiniteError that names the step and the tensor.

@@ -1,0 +1,140 @@
+"""Compile a run's kernels in parallel processes when Numba's cache does not hold them yet.
+
+On an empty Numba cache the first training step compiles every kernel it calls, one after
+the other, on one core: about 22 s for the chapter's model on the benchmark machine, almost
+half of it the attention's two kernels (``benchmarks/README.md``). Kernels compile
+independently of each other, so before the first step :func:`precompile` gives them to worker
+processes, one per group of kernel modules (``GROUPS``):
+
+* each worker builds the same run and takes its first training step, and an evaluation
+  forward, on the numba backend limited to its group (``NUMPY_TRANSFORMER_KERNELS``,
+  :mod:`numpy_transformer.backend`); the other operations run their NumPy references. Numba
+  saves what the worker compiles in its cache. The references return what the kernels
+  return, memory layout included (``tests/test_precompile.py`` holds the groups to it), so
+  each kernel is compiled for the very signatures the run calls it with;
+* the run then loads every kernel from the cache (``tests/test_precompile.py`` holds it to
+  compiling nothing).
+
+The run's numbers do not change: a kernel loaded from the cache is the code the run would
+have compiled itself. Whether the cache is cold is read from Numba's cache index of the
+group's largest kernel (the attention's forward, the LSTM's forward): no entry there for the
+run's dtype means the kernels were never compiled on this machine, or the library or Numba
+changed since. A warm cache costs that one read. On a single core, or when a worker fails,
+the run compiles as it always did, in its first step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..backend import KERNELS_VARIABLE
+from .options import MODEL_KEYS, say
+from .state import Run
+
+# Kernel modules compiled together, one worker per group (see the docstring);
+# tests/test_precompile.py holds the groups to compiling every signature a run calls. The
+# first group of each model holds its largest kernel, whose cache entries tell whether the
+# cache is cold.
+GROUPS = {
+    "transformer": (("attention",),
+                    ("activations", "adam", "embedding", "feedforward", "linear", "norms",
+                     "residual", "softmax")),
+    "lstm": (("lstm",), ("adam", "embedding", "linear", "softmax")),
+}
+LARGEST = {"transformer": ("attention", "_sdpa_forward_kernel"),
+           "lstm": ("lstm", "_forward_kernel")}
+# A worker imports this very package, first on its path: not another copy that the working
+# directory may hold (its kernels would go to another cache).
+WORKER = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); "
+          f"from {__name__} import work; work(json.load(sys.stdin))")
+
+
+def cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def is_cached(model: str, dtype: str) -> bool:
+    """Whether Numba's cache holds the largest kernel of a ``model`` run for ``dtype``.
+
+    Reads the cache index of that kernel through Numba's own cache object (a private
+    interface: if it has moved, the cache counts as warm and nothing changes).
+    """
+    import importlib
+
+    import numba
+
+    module, name = LARGEST[model]
+    kernel = getattr(importlib.import_module(f"numpy_transformer.kernels.{module}"), name)
+    try:
+        index = kernel._cache._cache_file._load_index()  # {(signature, ...): file}
+    except Exception:  # noqa: BLE001 - any failure means: do as before
+        return True
+    wanted = numba.from_dtype(np.dtype(dtype))
+    return any(getattr(t, "dtype", None) == wanted for key in index for t in key[0])
+
+
+def precompile(run: Run) -> bool:
+    """Compile the kernels of ``run`` in parallel worker processes if Numba's cache is cold.
+
+    Returns whether workers ran. Nothing is done on the numpy backend, on a single core, or
+    when the cache holds the run's kernels already.
+    """
+    config = run.config
+    model = run.model_kind
+    if config.backend != "numba" or cores() < 2 or is_cached(model, config.dtype):
+        return False
+    groups = GROUPS[model]
+    say(f"compiling the kernels in {len(groups)} processes (once per machine and version: "
+        f"Numba keeps them in its cache)")
+    job = json.dumps(worker_job(run))
+    workers = []
+    for group in groups:
+        worker = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  env=worker_env(group), text=True)
+        worker.stdin.write(job)
+        worker.stdin.close()
+        workers.append((group, worker))
+    for group, worker in workers:
+        error = worker.stderr.read()
+        if worker.wait() != 0:
+            last = error.strip().splitlines()[-1:] or ["no message"]
+            say(f"the worker compiling {', '.join(group)} failed ({last[0]}); the first "
+                f"step compiles what it left")
+    return True
+
+
+def worker_env(group: tuple[str, ...]) -> dict:
+    """The environment of the worker compiling ``group``: this process's, kernels limited.
+
+    Thread counts stay as they are: the kernels' Python side chooses its path by them (with
+    one Numba thread, the linear layers run NumPy's products), and a worker must take the
+    run's paths.
+    """
+    return {**os.environ, KERNELS_VARIABLE: ",".join(group)}
+
+
+def worker_job(run: Run) -> dict:
+    """What a worker needs to build the run again: its config fields and options (one step)."""
+    fields = {k: getattr(run.config, k) for k in MODEL_KEYS[run.model_kind]}
+    return {"config": fields, "options": {**run.options, "steps": 1}}
+
+
+def work(job: dict) -> None:
+    """One worker's job (:func:`worker_job`): the run's first step and an evaluation forward,
+    on the kernels of ``NUMPY_TRANSFORMER_KERNELS`` (the rest on the references)."""
+    run = Run(job["config"], job["options"])
+    batch = run.batch(0)
+    run.trainer.step(batch)
+    run.model.eval()
+    run.model.forward(*batch.inputs)

@@ -1,0 +1,160 @@
+"""The compile workers of ``runs/precompile.py``: together they compile what a run calls.
+
+A worker takes a run's first step on the numba backend limited to its group of kernel modules
+(``NUMPY_TRANSFORMER_KERNELS``). Only if the groups' signatures add up to those of the whole
+backend does the run load everything from the cache instead of compiling again. Each job runs
+in a fresh interpreter on the package's own Numba cache and reports every function it called
+or compiled, with its signatures: the kernels it calls from Python, and the helpers of any
+kernel it had to compile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import numpy_transformer
+from numpy_transformer.backend import KERNEL_MODULES, KERNELS_VARIABLE, kernel_modules
+from numpy_transformer.runs.precompile import GROUPS, is_cached, worker_env
+
+SIGNATURES = r"""
+import importlib, json, sys
+import numba
+from numpy_transformer.backend import KERNEL_MODULES
+from numpy_transformer.runs.options import resolve_options
+from numpy_transformer.runs.precompile import work, worker_job
+from numpy_transformer.runs.state import Run
+
+task, given = json.loads(sys.argv[1])
+work(worker_job(Run(*resolve_options(task, given))))
+called = {}
+for name in KERNEL_MODULES:
+    for attr, f in vars(importlib.import_module(f"numpy_transformer.kernels.{name}")).items():
+        if isinstance(f, numba.core.registry.CPUDispatcher) and f.signatures:
+            called[f"{name}.{attr}"] = sorted(map(str, f.signatures))
+print(json.dumps(called))
+"""
+
+RUNS = {  # the command line's default runs, and other shapes a run can take
+    "default": ("lm", {"steps": 2}),
+    "gelu, rms, rope": ("lm", {"steps": 2, "width": 16, "heads": 2, "layers": 1,
+                               "ffn_width": 32, "max_len": 32, "batch": 16,
+                               "activation": "gelu", "norm": "rmsnorm", "positions": "rope"}),
+    "lstm": ("lm", {"steps": 2, "model": "lstm"}),
+    "encoder-decoder": ("reverse", {"steps": 2, "width": 16, "heads": 2, "layers": 1,
+                                    "ffn_width": 32, "batch": 48}),
+}
+
+
+def called_signatures(task: str, given: dict, kernels: tuple[str, ...] | None) -> dict:
+    """{kernel: signatures} of a worker's job, on all kernels or on those named."""
+    env = worker_env(kernels) if kernels is not None else dict(os.environ)
+    env["PYTHONPATH"] = str(Path(numpy_transformer.__file__).parents[1])
+    if kernels is None:
+        env.pop(KERNELS_VARIABLE, None)
+    proc = subprocess.run([sys.executable, "-c", SIGNATURES, json.dumps([task, given])],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def uncovered(task: str, given: dict, groups: tuple) -> dict:
+    """{kernel: signatures} the run calls that no group's worker compiled."""
+    by_groups: dict = {}
+    for group in groups:
+        for kernel, signatures in called_signatures(task, given, group).items():
+            by_groups.setdefault(kernel, set()).update(signatures)
+    # After the workers, the run finds each kernel it calls in the cache; a helper of the
+    # kernels shows up here only if the run compiled a kernel again, which fails the test.
+    whole = called_signatures(task, given, None)
+    assert whole  # the run calls kernels at all
+    missing = {k: sorted(set(s) - by_groups.get(k, set())) for k, s in whole.items()}
+    return {k: s for k, s in missing.items() if s}
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_groups_compile_every_signature_the_run_calls(name):
+    task, given = RUNS[name]
+    assert uncovered(task, given, GROUPS[given.get("model", "transformer")]) == {}
+
+
+def test_the_groups_cover_the_kernel_modules():
+    for model, groups in GROUPS.items():
+        named = [m for group in groups for m in group]
+        assert len(named) == len(set(named)) and set(named) <= set(KERNEL_MODULES), model
+    assert set(m for g in GROUPS["transformer"] for m in g) == set(KERNEL_MODULES) - {"lstm"}
+
+
+def test_an_empty_cache_counts_as_cold(tmp_path):
+    code = ("from numpy_transformer.runs.precompile import is_cached; "
+            "print(is_cached('transformer', 'float32'), is_cached('lstm', 'float64'))")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path),
+           "PYTHONPATH": str(Path(numpy_transformer.__file__).parents[1])}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "False"]
+
+
+def test_a_filled_cache_counts_as_warm():
+    called_signatures(*RUNS["default"], None)  # fills the package's cache if need be
+    assert is_cached("transformer", "float32")
+
+
+def test_the_variable_names_kernel_modules(monkeypatch):
+    monkeypatch.setenv(KERNELS_VARIABLE, "attention, norms")
+    assert kernel_modules() == ("attention", "norms")
+    monkeypatch.setenv(KERNELS_VARIABLE, "")
+    assert kernel_modules() == ()
+    monkeypatch.setenv(KERNELS_VARIABLE, "attention,softmaxx")
+    with pytest.raises(ValueError, match="'softmaxx'"):
+        kernel_modules()
+    monkeypatch.delenv(KERNELS_VARIABLE)
+    assert kernel_modules() == KERNEL_MODULES
+
+
+def test_a_cold_cache_starts_one_worker_per_group(monkeypatch, capsys):
+    # The workers for real (on the package's cache, where they load more than they compile):
+    # the job reaches them whole, and each takes its step without an error.
+    from numpy_transformer.runs import precompile as pc
+    from numpy_transformer.runs.options import resolve_options
+    from numpy_transformer.runs.state import Run
+
+    monkeypatch.setattr(pc, "is_cached", lambda model, dtype: False)
+    monkeypatch.setattr(pc, "cores", lambda: 2)
+    run = Run(*resolve_options("lm", {"steps": 2, "model": "lstm", "batch": 8}))
+    assert pc.precompile(run)
+    out = capsys.readouterr().out
+    assert "compiling the kernels in 2 processes" in out and "failed" not in out
+
+
+def test_a_failed_worker_leaves_the_compiling_to_the_run(monkeypatch, capsys):
+    from numpy_transformer.runs import precompile as pc
+    from numpy_transformer.runs.options import resolve_options
+    from numpy_transformer.runs.state import Run
+
+    monkeypatch.setattr(pc, "is_cached", lambda model, dtype: False)
+    monkeypatch.setattr(pc, "cores", lambda: 2)
+    monkeypatch.setitem(pc.GROUPS, "lstm", (("lstm",), ("no_such_module",)))
+    run = Run(*resolve_options("lm", {"steps": 2, "model": "lstm", "batch": 8}))
+    assert pc.precompile(run)
+    out = capsys.readouterr().out
+    assert "the worker compiling no_such_module failed" in out and "'no_such_module'" in out
+
+
+def test_nothing_starts_on_the_numpy_backend_or_one_core(monkeypatch):
+    from numpy_transformer.runs import precompile as pc
+    from numpy_transformer.runs.options import resolve_options
+    from numpy_transformer.runs.state import Run
+
+    monkeypatch.setattr(pc, "is_cached", lambda model, dtype: False)
+    run = Run(*resolve_options("lm", {"steps": 2, "model": "lstm", "backend": "numpy"}))
+    assert not pc.precompile(run)
+    monkeypatch.setattr(pc, "cores", lambda: 1)
+    run = Run(*resolve_options("lm", {"steps": 2, "model": "lstm", "batch": 8}))
+    assert not pc.precompile(run)
