@@ -76,6 +76,8 @@ def main() -> None:
     for key, what in (("cold", "first training step, cold cache"),
                       ("warm", "first training step, warm cache"),
                       ("second", "second training step, warm cache"),
+                      ("floor", "first call of one small cached kernel, fresh process (Numba's "
+                                "own start)"),
                       ("build", "building the run (model, data, optimiser), cold")):
         rows.append((what, med(s[key] for s in starts)))
     for cold in (True, False):

@@ -46,6 +46,19 @@ print(json.dumps({"build": built - start, "first_step": first - built,
                   "second_step": second - first}))
 """
 
+# What of a warm first step is Numba's own: the first call, in a fresh process, of one small
+# cached kernel (before it can load anything, Numba sets up its typing and lowering registries,
+# which import SciPy's linalg)
+FLOOR = r"""
+import json, time
+import numpy as np
+from numpy_transformer.kernels.residual import add_into
+x, y = np.ones(8, np.float32), np.ones(8, np.float32)
+start = time.perf_counter()
+add_into(x, y)
+print(json.dumps({"floor": time.perf_counter() - start}))
+"""
+
 # Compile events nest (a kernel compiles the helpers it calls while it is typed), so each
 # event's own time is its wall time minus that of the events inside it.
 COMPILE_TIMES = r"""
@@ -78,7 +91,8 @@ print(json.dumps(own))
 
 
 def _python(code: str, cache: Path) -> str:
-    """Run ``code`` in a fresh interpreter whose Numba cache is ``cache``; its stdout."""
+    """Run ``code`` in a fresh interpreter whose Numba cache is ``cache``; the last line it
+    printed (its result; the training loop's own lines come before it)."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache),
            "PYTHONPATH": os.pathsep.join(p for p in (PACKAGE_PARENT,
                                                      os.environ.get("PYTHONPATH")) if p)}
@@ -86,12 +100,13 @@ def _python(code: str, cache: Path) -> str:
                           env=env, cwd=cache)
     if proc.returncode:
         raise RuntimeError(f"the first-step process failed:\n{proc.stderr}")
-    return proc.stdout
+    return proc.stdout.splitlines()[-1]
 
 
 def first_steps(warm: bool = True, model: str = "transformer") -> dict[str, float]:
     """Seconds of the first training step on an empty cache (``"cold"``), and, with ``warm``,
-    on the cache that run filled (``"warm"``, and ``"second"``: the step after it), each in a
+    on the cache that run filled (``"warm"``, and ``"second"``: the step after it; ``"floor"``:
+    the first call of one small cached kernel, Numba's share of the warm step), each in a
     fresh process; ``"build"`` is building the run (model, data, optimiser) cold. ``model``
     is ``train --model``'s: the default run of the Transformer, or of the LSTM."""
     cache = Path(tempfile.mkdtemp(prefix="numba-cold-"))
@@ -101,7 +116,8 @@ def first_steps(warm: bool = True, model: str = "transformer") -> dict[str, floa
         result = {"build": cold["build"], "cold": cold["first_step"]}
         if warm:
             again = json.loads(_python(code, cache))
-            result.update(warm=again["first_step"], second=again["second_step"])
+            result.update(warm=again["first_step"], second=again["second_step"],
+                          floor=json.loads(_python(FLOOR, cache))["floor"])
         return result
     finally:
         shutil.rmtree(cache, ignore_errors=True)
