@@ -147,7 +147,7 @@ def test_a_failed_worker_leaves_the_compiling_to_the_run(monkeypatch, capsys):
     assert "the worker compiling no_such_module failed" in out and "'no_such_module'" in out
 
 
-def test_nothing_starts_on_the_numpy_backend_or_one_core(monkeypatch):
+def test_nothing_starts_on_the_numpy_backend_one_core_or_too_little_memory(monkeypatch):
     from numpy_transformer.runs import precompile as pc
     from numpy_transformer.runs.options import resolve_options
     from numpy_transformer.runs.state import Run
@@ -155,6 +155,9 @@ def test_nothing_starts_on_the_numpy_backend_or_one_core(monkeypatch):
     monkeypatch.setattr(pc, "is_cached", lambda model, dtype: False)
     run = Run(*resolve_options("lm", {"steps": 2, "model": "lstm", "backend": "numpy"}))
     assert not pc.precompile(run)
-    monkeypatch.setattr(pc, "cores", lambda: 1)
     run = Run(*resolve_options("lm", {"steps": 2, "model": "lstm", "batch": 8}))
+    monkeypatch.setattr(pc, "available_memory", lambda: 2 * pc.WORKER_BYTES)  # < 2 workers
+    assert not pc.precompile(run)
+    monkeypatch.setattr(pc, "available_memory", lambda: None)
+    monkeypatch.setattr(pc, "cores", lambda: 1)
     assert not pc.precompile(run)

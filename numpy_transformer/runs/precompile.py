@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import KERNELS_VARIABLE
+from ..memory import available_memory, training_bytes
 from .options import MODEL_KEYS, say
 from .state import Run
 
@@ -49,6 +50,9 @@ GROUPS = {
 }
 LARGEST = {"transformer": ("attention", "_sdpa_forward_kernel"),
            "lstm": ("lstm", "_forward_kernel")}
+# A worker's own interpreter, NumPy and Numba compiling: the attention worker of the default
+# run peaked at 385 MiB resident, 50 MiB of which its run's arrays
+WORKER_BYTES = 400 * 2**20
 # A worker imports this very package, first on its path: not another copy that the working
 # directory may hold (its kernels would go to another cache).
 WORKER = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); "
@@ -86,14 +90,21 @@ def is_cached(model: str, dtype: str) -> bool:
 def precompile(run: Run) -> bool:
     """Compile the kernels of ``run`` in parallel worker processes if Numba's cache is cold.
 
-    Returns whether workers ran. Nothing is done on the numpy backend, on a single core, or
-    when the cache holds the run's kernels already.
+    Returns whether workers ran. Nothing is done on the numpy backend, on a single core, when
+    the workers' runs would not fit in the memory available beside this one, or when the
+    cache holds the run's kernels already.
     """
     config = run.config
     model = run.model_kind
     if config.backend != "numba" or cores() < 2 or is_cached(model, config.dtype):
         return False
     groups = GROUPS[model]
+    # each worker holds a run of its own: all of them beside this one, or none
+    worker_bytes = WORKER_BYTES + sum(training_bytes(config, type(run.model).__name__,
+                                                     run.options["batch"], 1).values())
+    available = available_memory()
+    if available is not None and len(groups) * worker_bytes > available:
+        return False
     say(f"compiling the kernels in {len(groups)} processes (once per machine and version: "
         f"Numba keeps them in its cache)")
     job = json.dumps(worker_job(run))
