@@ -350,8 +350,10 @@ def _queries_product(e_t, x, out, i0, n, t_q, t_k, causal, fn):
 def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, bias, bstr,
                          has_bias, n_threads, fn, out, lse):  # pragma: no cover - compiled
     # Equations (1)-(5) of functional/attention.sdpa_forward, one query block per work item.
-    # q: (B, H, T_q, D) any strides, k, v: (B, H, T_k, D) C-contiguous -> out: (B, H, T_q, D),
-    # any strides, lse: (B, H, T_q) float64
+    # q: (B, H, T_q, D) any strides, k, v: (B, H, T_k, D) C-contiguous -> out: (B, T_q, H, D)
+    # C-contiguous (the caller returns its (B, H, T_q, D) view: a C array, whatever T_q, so
+    # decoding one token at a time calls the kernel compiled for training), lse: (B, H, T_q)
+    # float64
     n_b, heads, t_q, d = q.shape
     t_k = k.shape[2]
     n_blk = (t_q + _BLOCK_Q - 1) // _BLOCK_Q
@@ -372,7 +374,7 @@ def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, b
         # rows' visible key ranges only grow with i, so the last row's bounds the block's
         k_hi = _key_end(i1 - 1, b, t_q, t_k, causal, kv_len)
         if k_hi == 0:
-            out[b, h, i0:i1] = 0.0
+            out[b, i0:i1, h] = 0.0
             lse[b, h, i0:i1] = -np.inf
             continue
         tid = numba.get_thread_id()
@@ -397,7 +399,7 @@ def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, b
             lse[b, h, i] = m[r] + math.log(z[r]) if z[r] > 0.0 else -np.inf
             inv_z = q.dtype.type(1.0 / z[r] if z[r] > 0.0 else 0.0)
             for col in range(d):
-                out[b, h, i, col] = o[r, col] * inv_z
+                out[b, i, h, col] = o[r, col] * inv_z
 
 
 # ---------------------------------------------------------------------------------------------
@@ -624,12 +626,13 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     # views (the models' own come contiguous, from kernels.linear.linear_heads_forward)
     # instead of a gather per block
     k, v = (_writeable(np.ascontiguousarray(x)) for x in (k, v))
-    out = _heads_view(b, h, t_q, d, q.dtype)  # (B, H, T_q, D)
+    out = np.empty((b, t_q, h, d), dtype=q.dtype)  # (B, T_q, H, D), see _heads_view
     lse = np.empty((b, h, t_q), dtype=np.float64)  # (B, H, T_q)
     with blas_on_calling_thread(), numba.parallel_chunksize(h):
         _sdpa_forward_kernel(q, k, v, q.dtype.type(scale), causal, kv_len, mask_flat, mstr,
                              has_mask, bias_flat, bstr, has_bias, numba.get_num_threads(),
                              gemm_address(q.dtype), out, lse)
+    out = out.transpose(0, 2, 1, 3)  # (B, H, T_q, D)
     cache = SDPAKernelCache(q, k, v, out, lse, scale, (b, h, t_q, t_k, d), causal, kv_len,
                             mask_flat, mstr, has_mask, bias_flat, bstr, has_bias)
     return out, cache

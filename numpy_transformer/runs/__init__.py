@@ -12,10 +12,10 @@ module imports only those above it in this list, never one below:
     the run folder: choosing it, refusing to overwrite it, its checkpoint and its log
 ``state``
     :class:`~.state.Run`, a run in memory, built from options or rebuilt from a checkpoint
-``precompile``
-    the kernels a run calls, compiled in parallel processes when Numba's cache lacks them
 ``sample``
     text from a trained language model (``numpy-transformer sample``)
+``precompile``
+    the kernels a run calls, compiled in parallel processes when Numba's cache lacks them
 ``export``
     a trained model for other tools (``numpy-transformer export``)
 ``report``

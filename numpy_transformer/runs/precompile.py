@@ -6,8 +6,9 @@ half of it the attention's two kernels (``benchmarks/README.md``). Kernels compi
 independently of each other, so before the first step :func:`precompile` gives them to worker
 processes, one per group of kernel modules (``GROUPS``):
 
-* each worker builds the same run and takes its first training step, and an evaluation
-  forward, on the numba backend limited to its group (``NUMPY_TRANSFORMER_KERNELS``,
+* each worker builds the same run and does what the run will: its first training step, an
+  evaluation forward and, for a language model, the first tokens of the report's sample. It
+  does them on the numba backend limited to its group (``NUMPY_TRANSFORMER_KERNELS``,
   :mod:`numpy_transformer.backend`); the other operations run their NumPy references. Numba
   saves what the worker compiles in its cache. The references return what the kernels
   return, memory layout included (``tests/test_precompile.py`` holds the groups to it), so
@@ -34,8 +35,10 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import KERNELS_VARIABLE
+from ..generate import generate
 from ..memory import available_memory, training_bytes
 from .options import MODEL_KEYS, say
+from .sample import default_prompt
 from .state import Run
 
 # Kernel modules compiled together, one worker per group (see the docstring);
@@ -142,10 +145,14 @@ def worker_job(run: Run) -> dict:
 
 
 def work(job: dict) -> None:
-    """One worker's job (:func:`worker_job`): the run's first step and an evaluation forward,
-    on the kernels of ``NUMPY_TRANSFORMER_KERNELS`` (the rest on the references)."""
+    """One worker's job (:func:`worker_job`), on the kernels of ``NUMPY_TRANSFORMER_KERNELS``
+    (the rest on the references): what the run calls, the run's first step, an evaluation
+    forward and, for a language model, the report's sample (one new row at a time)."""
     run = Run(job["config"], job["options"])
     batch = run.batch(0)
     run.trainer.step(batch)
     run.model.eval()
     run.model.forward(*batch.inputs)
+    if run.tokenizer is not None:
+        prompt = run.tokenizer.encode(default_prompt(run.tokenizer))
+        generate(run.model, prompt, 2, np.random.default_rng(0))
