@@ -168,3 +168,22 @@ def test_decoding_calls_the_attention_kernel_compiled_for_training():
     # layout than training's: 2.7 s of compiling at the report's sample on a cold cache.
     called = called_signatures("lm", {"steps": 2}, ("attention",))
     assert len(called["attention._sdpa_forward_kernel"]) == 1
+
+
+def test_a_stop_request_ends_the_workers_at_once(monkeypatch):
+    # SIGINT or SIGTERM during the compile: the training loop's handler makes stopping()
+    # true, and the run must not wait for workers that would compile for a minute.
+    import time
+
+    from numpy_transformer.runs import precompile as pc
+    from numpy_transformer.runs.options import resolve_options
+    from numpy_transformer.runs.state import Run
+
+    monkeypatch.setattr(pc, "is_cached", lambda model, dtype: False)
+    monkeypatch.setattr(pc, "cores", lambda: 2)
+    monkeypatch.setattr(pc, "WORKER", "import time; time.sleep(60)")
+    run = Run(*resolve_options("lm", {"steps": 2, "model": "lstm", "batch": 8}))
+    polls = []
+    start = time.perf_counter()
+    assert pc.precompile(run, stopping=lambda: polls.append(1) or len(polls) > 3)
+    assert time.perf_counter() - start < 10 and len(polls) == 4

@@ -140,12 +140,12 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
     steps, trainer = o["steps"], run.trainer
     ckpt_path = checkpoint_path(run_dir)
     saved_at = trainer.step_count
-    if trainer.step_count < steps:
-        precompile(run)  # on an empty Numba cache: the kernels in parallel processes
-    bar = ProgressBar(steps) if progress else None
     # NumPy's overflow warnings are noise here: the Trainer checks every step for non-finite
     # values itself and stops with a NonFiniteError that names the step and the tensor.
     with _StopRequest() as stop, np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        if trainer.step_count < steps:  # on an empty Numba cache: the kernels in parallel
+            precompile(run, stopping=lambda: stop.signum is not None)
+        bar = ProgressBar(steps) if progress else None
         try:
             with open(log_path(run_dir), "a", encoding="utf-8") as log:
                 while trainer.step_count < steps and stop.signum is None:

@@ -26,10 +26,14 @@ the run compiles as it always did, in its first step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -90,12 +94,14 @@ def is_cached(model: str, dtype: str) -> bool:
     return any(getattr(t, "dtype", None) == wanted for key in index for t in key[0])
 
 
-def precompile(run: Run) -> bool:
+def precompile(run: Run, stopping: Callable[[], bool] = lambda: False) -> bool:
     """Compile the kernels of ``run`` in parallel worker processes if Numba's cache is cold.
 
     Returns whether workers ran. Nothing is done on the numpy backend, on a single core, when
     the workers' runs would not fit in the memory available beside this one, or when the
-    cache holds the run's kernels already.
+    cache holds the run's kernels already. The workers run in sessions of their own (Ctrl-C
+    at the terminal reaches this process only); once ``stopping()`` is true, which the
+    training loop's SIGINT and SIGTERM handler makes it, they are ended and this returns.
     """
     config = run.config
     model = run.model_kind
@@ -111,20 +117,29 @@ def precompile(run: Run) -> bool:
     say(f"compiling the kernels in {len(groups)} processes (once per machine and version: "
         f"Numba keeps them in its cache)")
     job = json.dumps(worker_job(run))
-    workers = []
-    for group in groups:
-        worker = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  env=worker_env(group), text=True)
-        worker.stdin.write(job)
-        worker.stdin.close()
-        workers.append((group, worker))
-    for group, worker in workers:
-        error = worker.stderr.read()
-        if worker.wait() != 0:
-            last = error.strip().splitlines()[-1:] or ["no message"]
-            say(f"the worker compiling {', '.join(group)} failed ({last[0]}); the first "
-                f"step compiles what it left")
+    with contextlib.ExitStack() as files:
+        workers = []
+        for group in groups:
+            errors = files.enter_context(tempfile.TemporaryFile("w+"))  # a pipe could fill
+            worker = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE,
+                                      stdout=subprocess.DEVNULL, stderr=errors,
+                                      env=worker_env(group), text=True, start_new_session=True)
+            worker.stdin.write(job)
+            worker.stdin.close()
+            workers.append((group, worker, errors))
+        while any(worker.poll() is None for _, worker, _ in workers):
+            if stopping():
+                for _, worker, _ in workers:
+                    worker.kill()
+                    worker.wait()
+                return True
+            time.sleep(0.05)
+        for group, worker, errors in workers:
+            if worker.returncode != 0:
+                errors.seek(0)
+                last = errors.read().strip().splitlines()[-1:] or ["no message"]
+                say(f"the worker compiling {', '.join(group)} failed ({last[0]}); the first "
+                    f"step compiles what it left")
     return True
 
 
