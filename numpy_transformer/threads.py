@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import os
 
 # OpenBLAS builds name the setter differently: plain, scipy-openblas, 64-bit-integer variants
 _SETTERS = ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_",
@@ -36,6 +37,14 @@ def _loaded_openblas() -> list[str]:
                            and line.split()[-1].startswith("/")})
     except OSError:
         return []
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (Numba's default thread count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def set_blas_threads(n: int) -> int:

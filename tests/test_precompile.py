@@ -126,7 +126,7 @@ def test_a_cold_cache_starts_one_worker_per_group(monkeypatch, capsys):
     from numpy_transformer.runs.state import Run
 
     monkeypatch.setattr(pc, "is_cached", lambda model, dtype: False)
-    monkeypatch.setattr(pc, "cores", lambda: 2)
+    monkeypatch.setattr(pc, "available_cores", lambda: 2)
     run = Run(*resolve_options("lm", {"steps": 2, "model": "lstm", "batch": 8}))
     assert pc.precompile(run)
     out = capsys.readouterr().out
@@ -139,7 +139,7 @@ def test_a_failed_worker_leaves_the_compiling_to_the_run(monkeypatch, capsys):
     from numpy_transformer.runs.state import Run
 
     monkeypatch.setattr(pc, "is_cached", lambda model, dtype: False)
-    monkeypatch.setattr(pc, "cores", lambda: 2)
+    monkeypatch.setattr(pc, "available_cores", lambda: 2)
     monkeypatch.setitem(pc.GROUPS, "lstm", (("lstm",), ("no_such_module",)))
     run = Run(*resolve_options("lm", {"steps": 2, "model": "lstm", "batch": 8}))
     assert pc.precompile(run)
@@ -159,7 +159,7 @@ def test_nothing_starts_on_the_numpy_backend_one_core_or_too_little_memory(monke
     monkeypatch.setattr(pc, "available_memory", lambda: 2 * pc.WORKER_BYTES)  # < 2 workers
     assert not pc.precompile(run)
     monkeypatch.setattr(pc, "available_memory", lambda: None)
-    monkeypatch.setattr(pc, "cores", lambda: 1)
+    monkeypatch.setattr(pc, "available_cores", lambda: 1)
     assert not pc.precompile(run)
 
 
@@ -180,7 +180,7 @@ def test_a_stop_request_ends_the_workers_at_once(monkeypatch):
     from numpy_transformer.runs.state import Run
 
     monkeypatch.setattr(pc, "is_cached", lambda model, dtype: False)
-    monkeypatch.setattr(pc, "cores", lambda: 2)
+    monkeypatch.setattr(pc, "available_cores", lambda: 2)
     monkeypatch.setattr(pc, "WORKER", "import time; time.sleep(60)")
     run = Run(*resolve_options("lm", {"steps": 2, "model": "lstm", "batch": 8}))
     polls = []

@@ -15,21 +15,12 @@ Without PyTorch the PyTorch column says so and the rest is printed all the same.
 
 from __future__ import annotations
 
-import os
-
+from ..threads import available_cores
 from . import cold_start, train_step
 from .sgemm import sgemm_gflops
 
 QUICK = dict(warmup=1, steps=4, rounds=2)
 FULL = dict(warmup=3, steps=20, rounds=4)
-
-
-def default_threads() -> int:
-    """The cores this process may run on (Numba's default thread count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def run(config: str = "chapter", threads: int | None = None, quick: bool = False) -> None:
@@ -40,7 +31,7 @@ def run(config: str = "chapter", threads: int | None = None, quick: bool = False
     config : str
         A key of :data:`.train_step.CONFIGS`.
     threads : int, optional
-        Threads for both frameworks (default: :func:`default_threads`).
+        Threads for both frameworks (default: every core this process may use).
     quick : bool
         A few steps instead of twenty: a check that everything runs, numbers for a glance.
 
@@ -52,7 +43,7 @@ def run(config: str = "chapter", threads: int | None = None, quick: bool = False
     if config not in train_step.CONFIGS:
         raise ValueError(f"unknown configuration {config!r}; choose from "
                          f"{', '.join(train_step.CONFIGS)}")
-    threads = default_threads() if threads is None else threads
+    threads = available_cores() if threads is None else threads
     if threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
     counts = QUICK if quick else FULL

@@ -41,6 +41,7 @@ import numpy as np
 from ..backend import KERNELS_VARIABLE
 from ..generate import generate
 from ..memory import available_memory, training_bytes
+from ..threads import available_cores
 from .options import MODEL_KEYS, say
 from .sample import default_prompt
 from .state import Run
@@ -64,14 +65,6 @@ WORKER_BYTES = 400 * 2**20
 # directory may hold (its kernels would go to another cache).
 WORKER = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); "
           f"from {__name__} import work; work(json.load(sys.stdin))")
-
-
-def cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def is_cached(model: str, dtype: str) -> bool:
@@ -105,7 +98,7 @@ def precompile(run: Run, stopping: Callable[[], bool] = lambda: False) -> bool:
     """
     config = run.config
     model = run.model_kind
-    if config.backend != "numba" or cores() < 2 or is_cached(model, config.dtype):
+    if config.backend != "numba" or available_cores() < 2 or is_cached(model, config.dtype):
         return False
     groups = GROUPS[model]
     # each worker holds a run of its own: all of them beside this one, or none
