@@ -27,6 +27,7 @@ the run compiles as it always did, in its first step.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import subprocess
@@ -73,12 +74,10 @@ def is_cached(model: str, dtype: str) -> bool:
     Reads the cache index of that kernel through Numba's own cache object (a private
     interface: if it has moved, the cache counts as warm and nothing changes).
     """
-    import importlib
-
     import numba
 
     module, name = LARGEST[model]
-    kernel = getattr(importlib.import_module(f"numpy_transformer.kernels.{module}"), name)
+    kernel = getattr(importlib.import_module(f"..kernels.{module}", __package__), name)
     try:
         index = kernel._cache._cache_file._load_index()  # {(signature, ...): file}
     except Exception:  # noqa: BLE001 - any failure means: do as before
