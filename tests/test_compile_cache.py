@@ -7,12 +7,18 @@ everything there: Numba's event API (``numba.core.event``) reports every compila
 may happen. Anything that breaks the cache (a function that captures a pointer or a large
 global array, a kernel compiled for a type that differs between runs) shows up here by name,
 not as half a minute more on every user's first step.
+
+The other way round, an edit must not go unnoticed: a kernel compiles into itself the
+functions of ``kernels/blas.py`` and ``kernels/special.py`` (and the options of
+``kernels/_jit.py``), and editing one of those files must recompile it
+(``numpy_transformer/kernels/_jit.py``), as editing the kernel's own file does.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +75,60 @@ def compilations() -> list[str]:
 def test_a_second_process_loads_every_kernel_from_the_cache():
     compilations()  # fills the cache if it lacks anything
     assert compilations() == []
+
+
+# Calls two kernels: the cross-entropy's (which compiles special.py's exp into itself) and the
+# residual addition's (which uses nothing from another file); prints what it compiled
+TWO_KERNELS = r"""
+import json
+from numba.core import event
+
+compiled = []
+
+class Count(event.Listener):
+    def on_start(self, ev):
+        pass
+
+    def on_end(self, ev):
+        compiled.append(ev.data["dispatcher"].py_func.__name__)
+
+event.register("numba:compile", Count())
+import numpy as np
+import numpy_transformer
+from numpy_transformer.kernels.residual import add_into
+from numpy_transformer.kernels.softmax import cross_entropy_forward
+
+rng = np.random.default_rng(0)
+cross_entropy_forward(rng.standard_normal((4, 7)).astype(np.float32), rng.integers(0, 7, 4))
+add_into(np.ones(5, np.float32), np.ones(5, np.float32))
+print(json.dumps([numpy_transformer.__file__, compiled]))
+"""
+
+
+def test_editing_a_file_compiled_into_kernels_recompiles_them(tmp_path):
+    source = Path(numpy_transformer.__file__).parent
+    copy = tmp_path / "src" / "numpy_transformer"
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(copy.parent),
+           "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def compiled() -> set[str]:
+        proc = subprocess.run([sys.executable, "-c", TWO_KERNELS], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        path, names = json.loads(proc.stdout.splitlines()[-1])
+        assert Path(path).parent == copy  # the copy ran, not the installed package
+        return set(names)
+
+    def edit(name: str) -> None:  # a comment changes the file's content, and no more
+        with open(copy / "kernels" / name, "a") as f:
+            f.write("\n# edited by the test\n")
+
+    cross_entropy, residual = "_cross_entropy_forward_kernel", "_add_into_kernel"
+    assert {cross_entropy, residual} <= compiled()  # an empty cache
+    assert compiled() == set()
+    edit("special.py")  # compiled into the cross-entropy kernel: it recompiles
+    assert cross_entropy in compiled()
+    assert compiled() == set()
+    edit("residual.py")  # a kernel's own file: that kernel alone
+    assert compiled() == {residual}

@@ -1,4 +1,5 @@
-"""The Numba options every compiled function of ``numpy_transformer/kernels`` starts from.
+"""The Numba options every compiled function of ``numpy_transformer/kernels`` starts from, and
+the rule that keeps their on-disk cache fresh.
 
 * ``cache=True``: compiled once per machine, then loaded from Numba's cache
   (``tests/test_compile_cache.py`` holds a second process to compiling nothing).
@@ -10,11 +11,95 @@
   and the compiled kernels are the same. (The other wrapper, which lets Python call a function,
   stays on every function, helpers included: a helper built without it crashes the interpreter
   when called from Python.)
+
+When the cache is stale
+-----------------------
+Numba decides whether a cached function is still valid from its own source file alone (a hash
+of the file's content). But a kernel compiles into itself the functions it calls from other
+files: ``gemm`` (``blas.py``) and the ``exp`` of ``special.py``, with the options of this file.
+Edit one of those and Numba would go on loading the kernels built from the old text (a known
+limitation of its cache, numba/numba#1833). So every function of this folder is cached under a
+stamp of its own file *and* of ``SHARED_SOURCES``: :class:`KernelCacheLocator`, which this
+module puts first in Numba's list of cache locators when it is imported (before any kernel is
+decorated: every kernel module imports it first). It keeps Numba's choice of cache folder
+(``NUMBA_CACHE_DIR``, the ``__pycache__`` beside the file, or the user's cache) and only widens
+the stamp; functions outside this folder are left to Numba's own locators. Editing a shared
+file therefore recompiles every kernel on the next run, as editing a kernel's own file
+recompiles that file's functions. (With ``NUMBA_CACHE_LOCATOR_CLASSES`` set, Numba uses the
+locators it names instead, and this rule does not apply.)
 """
 
 from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+from numba.core import caching
+
+# The files whose compiled functions or options go into kernels of other files
+SHARED_SOURCES = ("_jit.py", "blas.py", "special.py")
+_FOLDER = Path(__file__).resolve().parent
 
 
 def jit_options(**options) -> dict:
     """The common options above, with a module's own (``fastmath``, ``error_model``, ...)."""
     return dict(cache=True, nogil=True, no_cfunc_wrapper=True, **options)
+
+
+def shared_stamp(folder: Path = _FOLDER) -> bytes:
+    """SHA-256 of the contents of ``SHARED_SOURCES`` in ``folder``, read now."""
+    digest = hashlib.sha256()
+    for name in SHARED_SOURCES:
+        path = folder / name
+        stat = path.stat()
+        digest.update(_file_digest(str(path), stat.st_mtime_ns, stat.st_size))
+    return digest.digest()
+
+
+@functools.cache
+def _file_digest(path: str, mtime_ns: int, size: int) -> bytes:
+    # keyed on the file's time and size as well, so that a file edited while this process
+    # runs is read again
+    return hashlib.sha256(Path(path).read_bytes()).digest()
+
+
+# Numba 0.68 names these without the leading underscore
+_CacheImpl = getattr(caching, "CacheImpl", None) or caching._CacheImpl
+
+
+class KernelCacheLocator(caching._CacheLocator):
+    """Numba's cache locator for a function of this folder: the locator Numba would pick
+    (``inner``), with :func:`shared_stamp` joined to its source stamp."""
+
+    def __init__(self, inner: caching._CacheLocator, folder: Path) -> None:
+        self._inner, self._folder = inner, folder
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        """The locator of ``py_func`` if its file ``py_file`` lies in this folder, else None
+        (Numba then asks its own locators)."""
+        folder = Path(py_file).resolve().parent
+        if folder != _FOLDER:
+            return None
+        for other in _CacheImpl._locator_classes:
+            inner = None if other is cls else other.from_function(py_func, py_file)
+            if inner is not None:
+                return cls(inner, folder)
+        return None
+
+    def ensure_cache_path(self):
+        self._inner.ensure_cache_path()
+
+    def get_cache_path(self):
+        return self._inner.get_cache_path()
+
+    def get_disambiguator(self):
+        return self._inner.get_disambiguator()
+
+    def get_source_stamp(self):
+        return self._inner.get_source_stamp(), shared_stamp(self._folder)
+
+
+if KernelCacheLocator not in _CacheImpl._locator_classes:
+    _CacheImpl._locator_classes.insert(0, KernelCacheLocator)

@@ -25,9 +25,8 @@ function behind Numba's ``np.dot``), which ``gemm`` calls instead. (A fallback t
 ``np.dot`` itself doubled the kernels' first compilation, 29 -> 49 s: Numba compiled its
 whole implementation into every product of the parallel kernels.)
 
-Numba's on-disk cache tracks each compiled function's own source file only, and the kernels
-compile ``gemm`` into themselves: after editing this file delete
-``numpy_transformer/kernels/__pycache__/*.nb[ic]`` (as for ``special.py``).
+The kernels compile ``gemm`` into themselves: editing this file recompiles every kernel on the
+next run (``kernels/_jit.py``), as editing a kernel's own file does.
 """
 
 from __future__ import annotations

@@ -28,9 +28,6 @@ The nonlinearities are written with the vectorised ``exp`` of ``kernels/special.
 σ(z) = 1 / (1 + e) for z >= 0 and e / (1 + e) below, with e = exp(-|z|), and
 tanh(z) = ±(1 - e) / (1 + e) with e = exp(-2|z|). Their error is within a few units of the
 dtype's last place of 1 (absolute): float32 results agree with the reference to about 1e-6.
-
-Numba's on-disk cache tracks each compiled function's own source file only: after editing
-``special.py`` or ``blas.py`` delete ``numpy_transformer/kernels/__pycache__/*.nb[ic]``.
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@
   in their bodies; ``tests/test_kernel_attention.py`` checks them within 4 units in the last
   place (measured: 0.75 in float32).
 
-Numba's on-disk cache tracks each compiled function's own source file only. The attention,
-softmax and activation kernels compile these functions into themselves, so after editing this
-file delete ``numpy_transformer/kernels/__pycache__/*.nb[ic]`` or they keep the old copy.
+The attention, softmax, activation and LSTM kernels compile these functions into themselves:
+editing this file recompiles every kernel on the next run (``kernels/_jit.py``).
 """
 
 from __future__ import annotations
