@@ -15,10 +15,11 @@ it; nothing else in the library chooses an implementation.
   that, and to its reference's numbers.
 
 The environment variable ``NUMPY_TRANSFORMER_KERNELS`` limits the ``"numba"`` backend to the
-kernel modules it names, comma-separated (``attention,norms``); the other operations keep their
-references. It must be set before the first model is built. The compile workers of
-:mod:`numpy_transformer.runs.precompile` use it to compile one group of kernels each, and it
-narrows a disagreement between the two backends down to one kernel module.
+kernels it names, comma-separated: a kernel module takes all its operations (``attention``),
+a module and one of its operations takes that one alone (``lstm.lstm_backward``); the other
+operations keep their references. It must be set before the first model is built. The compile
+workers of :mod:`numpy_transformer.runs.precompile` use it to compile one group of kernels
+each, and it narrows a disagreement between the two backends down to one kernel.
 
 Examples
 --------
@@ -66,39 +67,48 @@ class Backend(SimpleNamespace):
         return f"Backend({self.name!r})"
 
 
-def _operations(package: str, modules: tuple[str, ...]) -> dict[str, Callable]:
-    ops = {}
-    for name in modules:
-        module: ModuleType = importlib.import_module(f"{__package__}.{package}.{name}")
-        ops.update((op, getattr(module, op)) for op in module.__all__)
-    return ops
-
-
-def kernel_modules() -> tuple[str, ...]:
-    """The kernel modules the ``"numba"`` backend takes: every one of ``KERNEL_MODULES``, or
-    those named by ``NUMPY_TRANSFORMER_KERNELS``.
+def kernel_selection() -> tuple[str, ...]:
+    """The kernels the ``"numba"`` backend takes: every module of ``KERNEL_MODULES``, or the
+    modules and operations (``module.operation``) named by ``NUMPY_TRANSFORMER_KERNELS``.
 
     Raises
     ------
     ValueError
-        If the variable names a module that is not one of ``KERNEL_MODULES``.
+        If the variable names a module that is not one of ``KERNEL_MODULES``. (An operation
+        its module does not have is found when the backend is built.)
     """
     value = os.environ.get(KERNELS_VARIABLE)
     if value is None:
         return KERNEL_MODULES
     names = tuple(name.strip() for name in value.split(",") if name.strip())
     for name in names:
-        if name not in KERNEL_MODULES:
-            raise ValueError(f"{KERNELS_VARIABLE} names {name!r}, not a kernel module; "
-                             f"choose from {', '.join(KERNEL_MODULES)}")
+        if name.split(".")[0] not in KERNEL_MODULES or name.count(".") > 1:
+            raise ValueError(f"{KERNELS_VARIABLE} names {name!r}, not a kernel module or "
+                             f"module.operation; the modules: {', '.join(KERNEL_MODULES)}")
     return names
+
+
+def _operations(package: str, names: tuple[str, ...]) -> dict[str, Callable]:
+    """The operations of ``package``'s modules ``names``: a module's ``__all__``, or for an
+    entry ``module.operation`` that one operation."""
+    ops = {}
+    for name in names:
+        module_name, _, operation = name.partition(".")
+        module: ModuleType = importlib.import_module(f"{__package__}.{package}.{module_name}")
+        if operation and operation not in module.__all__:
+            raise ValueError(f"{KERNELS_VARIABLE} names {name!r}: {package}/{module_name}.py "
+                             f"has no operation {operation!r}; it has "
+                             f"{', '.join(module.__all__)}")
+        ops.update((op, getattr(module, op)) for op in ((operation,) if operation
+                                                        else module.__all__))
+    return ops
 
 
 @functools.cache
 def _build(name: str) -> Backend:
     ops = _operations("functional", REFERENCE_MODULES)
     if name == "numba":  # imported only now: the first import compiles or loads the kernels
-        ops.update(_operations("kernels", kernel_modules()))
+        ops.update(_operations("kernels", kernel_selection()))
     return Backend(name=name, **ops)
 
 

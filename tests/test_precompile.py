@@ -1,11 +1,11 @@
 """The compile workers of ``runs/precompile.py``: together they compile what a run calls.
 
-A worker takes a run's first step on the numba backend limited to its group of kernel modules
-(``NUMPY_TRANSFORMER_KERNELS``). Only if the groups' signatures add up to those of the whole
-backend does the run load everything from the cache instead of compiling again. Each job runs
-in a fresh interpreter on the package's own Numba cache and reports every function it called
-or compiled, with its signatures: the kernels it calls from Python, and the helpers of any
-kernel it had to compile.
+A worker takes a run's first step on the numba backend limited to its group of kernels
+(``NUMPY_TRANSFORMER_KERNELS``: kernel modules, or single operations of one). Only if the
+groups' signatures add up to those of the whole backend does the run load everything from the
+cache instead of compiling again. Each job runs in a fresh interpreter on the package's own
+Numba cache and reports every function it called or compiled, with its signatures: the
+kernels it calls from Python, and the helpers of any kernel it had to compile.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import numpy_transformer
-from numpy_transformer.backend import KERNEL_MODULES, KERNELS_VARIABLE, kernel_modules
+from numpy_transformer.backend import KERNEL_MODULES, KERNELS_VARIABLE, kernel_selection
 from numpy_transformer.runs.precompile import GROUPS, is_cached, worker_env
 
 SIGNATURES = r"""
@@ -86,8 +86,11 @@ def test_the_groups_compile_every_signature_the_run_calls(name):
 def test_the_groups_cover_the_kernel_modules():
     for model, groups in GROUPS.items():
         named = [m for group in groups for m in group]
-        assert len(named) == len(set(named)) and set(named) <= set(KERNEL_MODULES), model
+        assert len(named) == len(set(named)), model
+        assert {m.split(".")[0] for m in named} <= set(KERNEL_MODULES), model
     assert set(m for g in GROUPS["transformer"] for m in g) == set(KERNEL_MODULES) - {"lstm"}
+    lstm = {m for g in GROUPS["lstm"] for m in g}  # the recurrence split by operation
+    assert {"lstm.lstm_forward", "lstm.lstm_backward"} <= lstm and "lstm" not in lstm
 
 
 def test_an_empty_cache_counts_as_cold(tmp_path):
@@ -106,16 +109,44 @@ def test_a_filled_cache_counts_as_warm():
     assert is_cached("transformer", "float32")
 
 
-def test_the_variable_names_kernel_modules(monkeypatch):
-    monkeypatch.setenv(KERNELS_VARIABLE, "attention, norms")
-    assert kernel_modules() == ("attention", "norms")
+def test_the_variable_names_kernel_modules_and_operations(monkeypatch):
+    monkeypatch.setenv(KERNELS_VARIABLE, "attention, norms, lstm.lstm_backward")
+    assert kernel_selection() == ("attention", "norms", "lstm.lstm_backward")
     monkeypatch.setenv(KERNELS_VARIABLE, "")
-    assert kernel_modules() == ()
-    monkeypatch.setenv(KERNELS_VARIABLE, "attention,softmaxx")
-    with pytest.raises(ValueError, match="'softmaxx'"):
-        kernel_modules()
+    assert kernel_selection() == ()
+    for wrong in ("softmaxx", "lstm.lstm_backward.x", "lstmm.lstm_backward"):
+        monkeypatch.setenv(KERNELS_VARIABLE, f"attention,{wrong}")
+        with pytest.raises(ValueError, match=f"'{wrong}'"):
+            kernel_selection()
     monkeypatch.delenv(KERNELS_VARIABLE)
-    assert kernel_modules() == KERNEL_MODULES
+    assert kernel_selection() == KERNEL_MODULES
+
+
+OPERATIONS = r"""
+import json, sys
+from numpy_transformer import backend
+ops = backend.get_backend("numba")
+print(json.dumps({name: getattr(ops, name).__module__ for name in sys.argv[1:]}))
+"""
+
+
+def test_one_operation_of_a_module_takes_that_kernel_alone():
+    env = {**worker_env(("lstm.lstm_backward", "residual")),
+           "PYTHONPATH": str(Path(numpy_transformer.__file__).parents[1])}
+    names = ["lstm_backward", "lstm_forward", "add_into", "layer_norm_forward"]
+    proc = subprocess.run([sys.executable, "-c", OPERATIONS, *names], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {
+        "lstm_backward": "numpy_transformer.kernels.lstm",
+        "lstm_forward": "numpy_transformer.functional.lstm",
+        "add_into": "numpy_transformer.kernels.residual",
+        "layer_norm_forward": "numpy_transformer.functional.norms"}
+    env[KERNELS_VARIABLE] = "lstm.lstm_backwards"  # not an operation of the module
+    proc = subprocess.run([sys.executable, "-c", OPERATIONS], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode != 0
+    assert "'lstm.lstm_backwards'" in proc.stderr and "lstm_backward" in proc.stderr
 
 
 def test_a_cold_cache_starts_one_worker_per_group(monkeypatch, capsys):
