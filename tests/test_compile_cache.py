@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy_transformer
 
-STEP_COUNTING_COMPILES = r"""
+# The start of a script: ``compiled`` collects "module.function" of everything compiled
+COUNTING_COMPILES = r"""
 import json
-import os
 from numba.core import event
 
 compiled = []
@@ -41,6 +41,9 @@ class Count(event.Listener):
         compiled.append(f"{d.py_func.__module__}.{d.py_func.__name__}")
 
 event.register("numba:compile", Count())
+"""
+
+STEP_COUNTING_COMPILES = COUNTING_COMPILES + r"""
 import numba
 import numpy as np
 from numpy_transformer.nn import LSTMLM, DecoderLM, LSTMConfig, TransformerConfig
@@ -79,20 +82,7 @@ def test_a_second_process_loads_every_kernel_from_the_cache():
 
 # Calls two kernels: the cross-entropy's (which compiles special.py's exp into itself) and the
 # residual addition's (which uses nothing from another file); prints what it compiled
-TWO_KERNELS = r"""
-import json
-from numba.core import event
-
-compiled = []
-
-class Count(event.Listener):
-    def on_start(self, ev):
-        pass
-
-    def on_end(self, ev):
-        compiled.append(ev.data["dispatcher"].py_func.__name__)
-
-event.register("numba:compile", Count())
+TWO_KERNELS = COUNTING_COMPILES + r"""
 import numpy as np
 import numpy_transformer
 from numpy_transformer.kernels.residual import add_into
@@ -124,7 +114,8 @@ def test_editing_a_file_compiled_into_kernels_recompiles_them(tmp_path):
         with open(copy / "kernels" / name, "a") as f:
             f.write("\n# edited by the test\n")
 
-    cross_entropy, residual = "_cross_entropy_forward_kernel", "_add_into_kernel"
+    cross_entropy = "numpy_transformer.kernels.softmax._cross_entropy_forward_kernel"
+    residual = "numpy_transformer.kernels.residual._add_into_kernel"
     assert {cross_entropy, residual} <= compiled()  # an empty cache
     assert compiled() == set()
     edit("special.py")  # compiled into the cross-entropy kernel: it recompiles
