@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5}  # kernel against reference, relative
-# the chunked kernels run only on two threads or more (on one, the reference runs)
+# comparing one thread with two needs two
 multi_thread = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
-                                  reason="the kernel runs on two threads or more")
+                                  reason="needs two Numba threads")
 
 
 def rel_err(a, b) -> float:

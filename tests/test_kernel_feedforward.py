@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _kernel_helpers import TOL, multi_thread, rel_err
+from _kernel_helpers import TOL, rel_err
 from _nn_helpers import assert_gradcheck
 
 from numpy_transformer.functional import fused as ref_fused
@@ -68,7 +68,6 @@ def test_fused_ffn_keeps_nan(shape):
     assert np.isnan(cache.h[4]).all()
 
 
-@multi_thread
 def test_feedforward_on_the_kernel_passes_gradcheck_and_matches_numpy():
     rng = np.random.default_rng(4)
     x = rng.standard_normal((2, 150, 6))  # 300 rows: the kernel's chunks

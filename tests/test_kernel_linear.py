@@ -3,8 +3,7 @@
 The kernel cuts the rows into chunks and adds per-chunk weight gradients at the end, so the
 tests use enough rows for several chunks (at least ``_MIN_ROWS``, below which the kernel hands
 over to the reference), random upstream gradients, float64 (1e-12) and float32 (1e-5). The
-kernel runs only on two threads or more (on one, the reference runs): the comparisons below
-need more than one thread to mean anything, and ``multi_thread`` skips them otherwise.
+chunks depend on the number of rows only: one thread and two give the same bits.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ def _problem(shape, c_out, dtype, seed=0, weight_order="C"):
     return x, w, b, g
 
 
-@multi_thread
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shape, c_out", [((4, 100, 12), 7), ((1301, 5), 9), ((2, 3, 50, 8), 3)])
 @pytest.mark.parametrize("bias", [True, False])
@@ -39,8 +37,7 @@ def _problem(shape, c_out, dtype, seed=0, weight_order="C"):
 def test_linear_kernel_matches_reference(shape, c_out, dtype, bias, weight_order):
     x, w, b, g = _problem(shape, c_out, dtype, weight_order=weight_order)
     b = b if bias else None
-    # the kernel, not the fallback
-    assert x.reshape(-1, shape[-1]).shape[0] >= fast._MIN_ROWS and numba.get_num_threads() >= 2
+    assert x.reshape(-1, shape[-1]).shape[0] >= fast._MIN_ROWS  # the kernel, not the fallback
     out_r, cache_r = ref.linear_forward(x, w, b)
     out_f, cache_f = fast.linear_forward(x, w, b)
     assert type(cache_f) is type(cache_r) and out_f.dtype == dtype
@@ -65,21 +62,38 @@ def test_few_rows_take_the_reference_path_bit_for_bit():
         np.testing.assert_array_equal(got, want)
 
 
-def test_one_thread_runs_the_reference_bit_for_bit():
-    x, w, b, g = _problem((8, 200, 16), 24, np.float32)
+@multi_thread
+def test_one_thread_and_two_give_the_same_bits(monkeypatch):
+    x, w, b, g = _problem((8, 200, 16), 24, np.float32)  # 1600 rows: 4 chunks
+    calls = []
+
+    def spy(name):  # the kernel ``name``, noting each call
+        kernel = getattr(fast, name)
+
+        def call(*args):
+            calls.append(name)
+            return kernel(*args)
+        return call
+
+    for name in ("_forward_kernel", "_backward_kernel"):
+        monkeypatch.setattr(fast, name, spy(name))
+    results = []
     before = numba.get_num_threads()
     try:
-        numba.set_num_threads(1)
-        out, cache = fast.linear_forward(x, w, b)
-        got = (out, *fast.linear_backward(g, cache))
+        for threads in (1, 2):
+            numba.set_num_threads(threads)
+            out, cache = fast.linear_forward(x, w, b)
+            results.append((out, *fast.linear_backward(g, cache)))
     finally:
         numba.set_num_threads(before)
+    assert calls == ["_forward_kernel", "_backward_kernel"] * 2
+    for one, two in zip(*results, strict=True):
+        np.testing.assert_array_equal(one, two)
     out_r, cache_r = ref.linear_forward(x, w, b)
-    for a, want in zip(got, (out_r, *ref.linear_backward(g, cache_r)), strict=True):
-        np.testing.assert_array_equal(a, want)
+    for got, want in zip(results[0], (out_r, *ref.linear_backward(g, cache_r)), strict=True):
+        assert rel_err(got, want) <= TOL[np.float32]
 
 
-@multi_thread
 def test_mixed_dtypes_promote_as_the_reference():
     x, w, b, g = _problem((300, 6), 4, np.float32)
     w64 = w.astype(np.float64)
@@ -101,7 +115,6 @@ def test_linear_kernel_rejects_bad_input_as_the_reference():
         fast.linear_forward(x.astype(np.int64), w, b)
 
 
-@multi_thread
 def test_linear_module_on_the_kernel_passes_gradcheck():
     rng = np.random.default_rng(3)
     layer = Linear(6, 5, dtype=np.float64, rng=rng, backend="numba")
@@ -109,7 +122,6 @@ def test_linear_module_on_the_kernel_passes_gradcheck():
     assert_gradcheck(check_module(layer, {"x": x}), layer)
 
 
-@multi_thread
 def test_gradcheck_catches_a_wrong_last_chunk(monkeypatch):
     """Negative control: a backward that gets only the last chunk's rows wrong must fail."""
     rng = np.random.default_rng(3)
@@ -127,7 +139,6 @@ def test_gradcheck_catches_a_wrong_last_chunk(monkeypatch):
     assert not check_module(layer, {"x": x}).ok(1e-6)
 
 
-@multi_thread
 @pytest.mark.parametrize("cross", [False, True])
 def test_attention_projections_on_the_kernel_equal_the_reference(cross):
     """Stacked q/k/v (or k/v) products through the kernel: same outputs and gradients.

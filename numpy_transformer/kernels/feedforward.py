@@ -22,8 +22,8 @@ up-projection's. For one chunk of rows::
 
 As in ``kernels/linear.py`` each chunk writes its own partial weight gradients (bias
 gradients in float64), added at the end; the chunks depend only on the number of rows, so
-results are the same bit for bit on 2 threads or more, and the same as the linear kernels'
-with the ReLU applied between them. Few rows and one thread go to the reference.
+results are the same bit for bit on any number of threads, and the same as the linear
+kernels' with the ReLU applied between them. Few rows go to the reference.
 """
 
 from __future__ import annotations

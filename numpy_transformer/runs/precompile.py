@@ -144,9 +144,8 @@ def precompile(run: Run, stopping: Callable[[], bool] = lambda: False) -> bool:
 def worker_env(group: tuple[str, ...]) -> dict:
     """The environment of the worker compiling ``group``: this process's, kernels limited.
 
-    Thread counts stay as they are: the kernels' Python side chooses its path by them (with
-    one Numba thread, the linear layers run NumPy's products), and a worker must take the
-    run's paths.
+    Thread counts stay as they are, like every other setting: a worker must call the kernels
+    as the run will.
     """
     return {**os.environ, KERNELS_VARIABLE: ",".join(group)}
 
