@@ -109,8 +109,8 @@ def test_products_in_pieces_match_numpy(causal):
     small-matrix size and a short one. Causal, a late block of queries (i0 = 1024): the keys
     seen by all its queries in such pieces too, then the diagonal in pieces of
     ``_DIAG_KEYS``, each from the first query that sees it. Scores must be right where
-    visible; the products over keys and queries must equal the whole ones when the hidden
-    weights are zero."""
+    visible; the products over keys (added into their output) and queries must equal the whole
+    ones when the hidden weights are zero."""
     rng = np.random.default_rng(6)
     i0, n, d, t = 1024, 128, 16, 1200
     k_hi = i0 + n if causal else t
@@ -124,9 +124,10 @@ def test_products_in_pieces_match_numpy(causal):
     ker._scores_t(a, b_t, scores, i0, n, t, t, causal, fn)
     assert rel_err(scores[visible], (a @ b_t)[visible]) <= 1e-13
     weights = np.where(visible, rng.standard_normal((k_hi, n)), 0.0)  # zero where hidden
-    out = np.full((k_hi, d), np.nan)
+    before = rng.standard_normal((k_hi, d))  # the keys' product adds into its output
+    out = before.copy()
     ker._keys_product(weights, x_q, out, i0, n, t, t, causal, fn)
-    assert rel_err(out, weights @ x_q) <= 1e-13
+    assert rel_err(out, before + weights @ x_q) <= 1e-13
     out = np.full((n, d), np.nan)
     ker._queries_product(weights, x_k, out, i0, n, t, t, causal, fn)
     assert rel_err(out, weights.T @ x_k) <= 1e-13

@@ -321,12 +321,12 @@ def _scores_t(a, b_t, out, i0, n, t_q, t_k, causal, fn):
 
 @njit(**_JIT)
 def _keys_product(p_t, x, out, i0, n, t_q, t_k, causal, fn):
-    # out = p_t x, with p_t zero where hidden (those terms are skipped).
+    # out += p_t x, with p_t zero where hidden (those terms are skipped).
     # p_t: (k_hi, n), x: (n, D), out: (k_hi, D)
     j0 = 0
     while j0 < out.shape[0]:
         j1, r0 = _next_piece(j0, out.shape[0], i0, n, x.shape[1], t_q, t_k, causal)
-        gemm(p_t[j0:j1, r0:], x[r0:], out[j0:j1], fn)
+        gemm(p_t[j0:j1, r0:], x[r0:], out[j0:j1], fn, True)
         j0 = j1
 
 
@@ -425,7 +425,6 @@ def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, 
     qs_scratch = np.empty((n_threads, 2, _BLOCK_Q * d), q.dtype)  # q * scale, and transposed
     do_scratch = np.empty((n_threads, 2, _BLOCK_Q * d), q.dtype)  # dout, and transposed
     dq_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)  # dq / scale
-    kd_scratch = np.empty((n_threads, t_k * d), q.dtype)  # one block's share of dk or dv
     acc_scratch = np.empty((n_threads, 2, t_k * d), q.dtype)  # the chunk's dk and dv sums
     row_scratch = np.empty((n_threads, 3, _BLOCK_Q), q.dtype)  # lse (two parts) and delta
     one = q.dtype.type(1)
@@ -474,15 +473,14 @@ def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, 
             # (5) out = p v  =>  dp^T = v dout^T
             _scores_t(vs[:k_hi], do_t, ds_t, i0, n, t_q, t_k, causal, fn)
             _softmax_backward_columns(p_t, ds_t, i0, n, t_q, t_k, causal, lse_hi, lse_lo, delta)
-            kd = kd_scratch[tid, :k_hi * d]  # this block's share of dk, dv, (k_hi * D,) flat
             # (5) out = p v  =>  dv = p^T dout
-            _keys_product(p_t, do_blk, kd.reshape((k_hi, d)), i0, n, t_q, t_k, causal, fn)
-            _add_into(dv_acc[:k_hi * d], kd)
+            _keys_product(p_t, do_blk, dv_acc[:k_hi * d].reshape((k_hi, d)), i0, n, t_q, t_k,
+                          causal, fn)
             # (3), (2) masking and the constant bias pass ds through unchanged
             # (1) s = q k^T * scale  =>  dq = ds k * scale,  dk = ds^T q * scale
             # qs holds q * scale
-            _keys_product(ds_t, qs, kd.reshape((k_hi, d)), i0, n, t_q, t_k, causal, fn)
-            _add_into(dk_acc[:k_hi * d], kd)
+            _keys_product(ds_t, qs, dk_acc[:k_hi * d].reshape((k_hi, d)), i0, n, t_q, t_k,
+                          causal, fn)
             dq_blk = dq_scratch[tid, :n * d].reshape((n, d))
             _queries_product(ds_t, ks[:k_hi], dq_blk, i0, n, t_q, t_k, causal, fn)
             _copy_rows(dq_blk, n, scale, dq[b, h, i0:i1])
