@@ -78,9 +78,10 @@ class KernelCacheLocator(caching._CacheLocator):
     @classmethod
     def from_function(cls, py_func, py_file):
         """The locator of ``py_func`` if its file ``py_file`` lies in this folder, else None
-        (Numba then asks its own locators)."""
+        (Numba then asks its own locators; so too when the shared files cannot be read, as
+        from a zip archive)."""
         folder = Path(py_file).resolve().parent
-        if folder != _FOLDER:
+        if folder != _FOLDER or not all((folder / name).is_file() for name in SHARED_SOURCES):
             return None
         for other in _CacheImpl._locator_classes:
             inner = None if other is cls else other.from_function(py_func, py_file)
