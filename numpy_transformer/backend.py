@@ -74,17 +74,22 @@ def kernel_selection() -> tuple[str, ...]:
     Raises
     ------
     ValueError
-        If the variable names a module that is not one of ``KERNEL_MODULES``. (An operation
-        its module does not have is found when the backend is built.)
+        If the variable names a module that is not one of ``KERNEL_MODULES``, or an operation
+        that its module does not have.
     """
     value = os.environ.get(KERNELS_VARIABLE)
     if value is None:
         return KERNEL_MODULES
     names = tuple(name.strip() for name in value.split(",") if name.strip())
     for name in names:
-        if name.split(".")[0] not in KERNEL_MODULES or name.count(".") > 1:
+        module_name, _, operation = name.partition(".")
+        if module_name not in KERNEL_MODULES or "." in operation:
             raise ValueError(f"{KERNELS_VARIABLE} names {name!r}, not a kernel module or "
                              f"module.operation; the modules: {', '.join(KERNEL_MODULES)}")
+        ops = importlib.import_module(f"{__package__}.kernels.{module_name}").__all__
+        if operation and operation not in ops:
+            raise ValueError(f"{KERNELS_VARIABLE} names {name!r}: kernels/{module_name}.py has "
+                             f"no operation {operation!r}; it has {', '.join(ops)}")
     return names
 
 
@@ -95,10 +100,6 @@ def _operations(package: str, names: tuple[str, ...]) -> dict[str, Callable]:
     for name in names:
         module_name, _, operation = name.partition(".")
         module: ModuleType = importlib.import_module(f"{__package__}.{package}.{module_name}")
-        if operation and operation not in module.__all__:
-            raise ValueError(f"{KERNELS_VARIABLE} names {name!r}: {package}/{module_name}.py "
-                             f"has no operation {operation!r}; it has "
-                             f"{', '.join(module.__all__)}")
         ops.update((op, getattr(module, op)) for op in ((operation,) if operation
                                                         else module.__all__))
     return ops

@@ -47,11 +47,11 @@ def jit_options(**options) -> dict:
     return dict(cache=True, nogil=True, no_cfunc_wrapper=True, **options)
 
 
-def shared_stamp(folder: Path = _FOLDER) -> bytes:
-    """SHA-256 of the contents of ``SHARED_SOURCES`` in ``folder``, read now."""
+def shared_stamp() -> bytes:
+    """SHA-256 of the contents of ``SHARED_SOURCES``, read now."""
     digest = hashlib.sha256()
     for name in SHARED_SOURCES:
-        path = folder / name
+        path = _FOLDER / name
         stat = path.stat()
         digest.update(_file_digest(str(path), stat.st_mtime_ns, stat.st_size))
     return digest.digest()
@@ -72,21 +72,21 @@ class KernelCacheLocator(caching._CacheLocator):
     """Numba's cache locator for a function of this folder: the locator Numba would pick
     (``inner``), with :func:`shared_stamp` joined to its source stamp."""
 
-    def __init__(self, inner: caching._CacheLocator, folder: Path) -> None:
-        self._inner, self._folder = inner, folder
+    def __init__(self, inner: caching._CacheLocator) -> None:
+        self._inner = inner
 
     @classmethod
     def from_function(cls, py_func, py_file):
         """The locator of ``py_func`` if its file ``py_file`` lies in this folder, else None
         (Numba then asks its own locators; so too when the shared files cannot be read, as
         from a zip archive)."""
-        folder = Path(py_file).resolve().parent
-        if folder != _FOLDER or not all((folder / name).is_file() for name in SHARED_SOURCES):
+        if (Path(py_file).resolve().parent != _FOLDER
+                or not all((_FOLDER / name).is_file() for name in SHARED_SOURCES)):
             return None
         for other in _CacheImpl._locator_classes:
             inner = None if other is cls else other.from_function(py_func, py_file)
             if inner is not None:
-                return cls(inner, folder)
+                return cls(inner)
         return None
 
     def ensure_cache_path(self):
@@ -99,7 +99,7 @@ class KernelCacheLocator(caching._CacheLocator):
         return self._inner.get_disambiguator()
 
     def get_source_stamp(self):
-        return self._inner.get_source_stamp(), shared_stamp(self._folder)
+        return self._inner.get_source_stamp(), shared_stamp()
 
 
 if KernelCacheLocator not in _CacheImpl._locator_classes:

@@ -624,13 +624,13 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     # views (the models' own come contiguous, from kernels.linear.linear_heads_forward)
     # instead of a gather per block
     k, v = (_writeable(np.ascontiguousarray(x)) for x in (k, v))
-    out = np.empty((b, t_q, h, d), dtype=q.dtype)  # (B, T_q, H, D), see _heads_view
+    out = _heads_view(b, h, t_q, d, q.dtype)  # (B, H, T_q, D)
     lse = np.empty((b, h, t_q), dtype=np.float64)  # (B, H, T_q)
     with blas_on_calling_thread(), numba.parallel_chunksize(h):
+        # the kernel writes the memory's own (B, T_q, H, D) order
         _sdpa_forward_kernel(q, k, v, q.dtype.type(scale), causal, kv_len, mask_flat, mstr,
                              has_mask, bias_flat, bstr, has_bias, numba.get_num_threads(),
-                             gemm_address(q.dtype), out, lse)
-    out = out.transpose(0, 2, 1, 3)  # (B, H, T_q, D)
+                             gemm_address(q.dtype), out.transpose(0, 2, 1, 3), lse)
     cache = SDPAKernelCache(q, k, v, out, lse, scale, (b, h, t_q, t_k, d), causal, kv_len,
                             mask_flat, mstr, has_mask, bias_flat, bstr, has_bias)
     return out, cache
