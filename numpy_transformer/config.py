@@ -14,6 +14,9 @@ NORMS = ("layernorm", "rmsnorm")
 # pair ``<name>_forward`` / ``<name>_backward`` of its backend, so a new elementwise activation
 # is its functional pair plus its name here.
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
+# The gated ones: their pair takes two inputs, ``<name>_forward(gate, up)``, and the feed-forward
+# network gives them a third matrix, ``gate`` (Shazeer 2020).
+GATED_ACTIVATIONS = ("swiglu",)
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
 DTYPES = ("float32", "float64")
 BACKENDS = ("numpy", "numba")  # numpy_transformer.backend builds each one's operations
