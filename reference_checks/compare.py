@@ -6,6 +6,20 @@ scale. A gradient that is zero in theory (an attention key bias without RoPE: so
 a shift shared by a whole row) is pure rounding noise on both sides; it is measured against
 the scale of the module's other gradients instead of its own.
 
+In float32 a parameter's gradient also passes when its absolute error is within
+:data:`FLOW_UNITS` units of float32 roundoff at the scale of its module's gradients (the
+largest of them). Rounding in a backward pass is an absolute error at the size of the gradient
+flowing through the module: a tensor that cancels down to a small fraction of its module's
+others carries the rounding of that flow, not of its own size. Under a nearly saturated softmax
+the query and key projections' gradients were 1/200 of the value and output projections' in
+one of the models below; ours and PyTorch's float32 each differed from the float64 truth by
+1.3e-5 and 1.6e-6 of that small size (0.07 and 0.008 roundoff units at the module's scale),
+and which of the two lands further off depends on the BLAS kernel (OpenBLAS's Haswell kernels
+put ours past 1e-5 relative, its SkylakeX kernels did not). Over 3,536 float32 gradient
+tensors (every family and variant below, four seeds each) the two implementations were equally
+accurate against the float64 truth (median error ratio 0.9) and never differed by more than
+1.1 units of roundoff at their module's scale where the 1e-5 relative bar did not already hold.
+
 Every comparison is recorded in :data:`WORST` by (family, dtype); ``conftest.py`` prints the
 table at the end of a run.
 """
@@ -19,6 +33,7 @@ import numpy as np
 from numpy_transformer.gradcheck import zero_gradient_names
 
 TOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 1e-5}
+FLOW_UNITS = 32  # float32: the absolute floor, in units of eps(float32) x the module's scale
 WORST: dict[tuple[str, str], tuple[float, str]] = defaultdict(lambda: (0.0, ""))
 
 
@@ -34,17 +49,38 @@ def rel_err(ours, ref, scale: float | None = None) -> float:
 
 
 def assert_close(family: str, name: str, ours, ref, dtype, tol: float | None = None,
-                 scale: float | None = None) -> float:
-    """Assert ``rel_err(ours, ref) <= tol`` (default by dtype), naming the tensor; record it."""
+                 scale: float | None = None, atol: float = 0.0) -> float:
+    """Assert ``rel_err(ours, ref) <= tol`` (default by dtype), or an absolute error of at
+    most ``atol``, naming the tensor; record the relative error."""
     dtype = np.dtype(dtype)
     tol = TOL[dtype] if tol is None else tol
     err = rel_err(ours, ref, scale)
     key = (family, dtype.name)
     if err > WORST[key][0]:
         WORST[key] = (err, name)
+    if err > tol and atol > 0:
+        err_abs = float(np.abs(np.asarray(ours, np.float64) - np.asarray(ref, np.float64)).max())
+        assert err_abs <= atol, (f"[{family} {dtype.name}] {name}: relative error {err:.3e} "
+                                 f"exceeds {tol:.0e} and absolute error {err_abs:.3e} exceeds "
+                                 f"{atol:.3e} (shape {np.shape(ours)})")
+        return err
     assert err <= tol, (f"[{family} {dtype.name}] {name}: relative error {err:.3e} exceeds "
                         f"{tol:.0e} (shape {np.shape(ours)})")
     return err
+
+
+def flow_floors(pairs, dtype) -> dict[str, float]:
+    """The absolute float32 floor of each parameter gradient: :data:`FLOW_UNITS` eps times the
+    largest gradient (PyTorch's) of the module that owns the parameter; 0 in float64."""
+    if np.dtype(dtype) != np.float32:
+        return {}
+    scale: dict[str, float] = defaultdict(float)
+    for name, _, theirs in pairs:
+        owner = name.rsplit(".", 1)[0] if "." in name else ""
+        scale[owner] = max(scale[owner], float(np.abs(theirs).max(initial=0.0)))
+    eps = float(np.finfo(np.float32).eps)
+    return {name: FLOW_UNITS * eps * scale[name.rsplit(".", 1)[0] if "." in name else ""]
+            for name, _, _ in pairs}
 
 
 def _torch_arg(a, twins, grad: bool):
@@ -103,9 +139,10 @@ def check_module(family: str, module, args: tuple, kwargs: dict | None = None, *
         assert_close(family, "d" + name, d, t.grad.numpy(), dtype, tol)
     zero = zero_gradient_names(module)
     scale = max((np.abs(tg).max(initial=0.0) for _, _, tg in pairs), default=0.0)
+    atol = flow_floors(pairs, dtype)
     for name, ours, theirs in pairs:
         assert_close(family, "d" + name, ours, theirs, dtype, tol_of(name),
-                     scale=scale if name in zero else None)
+                     scale=scale if name in zero else None, atol=atol.get(name, 0.0))
     return out, tout
 
 

@@ -189,3 +189,25 @@ def test_negative_control_catches_the_mixed_gelu_bug():
     with pytest.raises(AssertionError, match="relative error"):
         check_module("negative control (must fail)", ffn, (x_of(np.float64),),
                      grad_args=("x",))
+
+
+def test_negative_control_float32_floor_still_catches_a_small_tensors_bug():
+    """The float32 floor at the module's scale (``compare.FLOW_UNITS``) must not hide a bug in a
+    module's smallest gradient: in the model where the query projection's gradient is 1/200 of
+    its module's largest, the same gradient 1% off must fail."""
+    cfg = nn.TransformerConfig(vocab=V, width=C, heads=H, layers=2, ffn_width=F, max_len=9,
+                               dtype="float32", seed=1,
+                               **VARIANTS["preLN-layernorm-relu-none-tied"])
+    model = nn.DecoderLM(cfg)
+    _randomise_gains(model)
+    attn = model.decoder.blocks[1].attn
+    backward = model.backward
+
+    def wrong_backward(dlogits):
+        backward(dlogits)
+        attn.grads["wq"] *= np.float32(1.01)
+
+    model.backward = wrong_backward
+    args, kwargs = model_inputs("DecoderLM")
+    with pytest.raises(AssertionError, match="blocks.1.attn.wq: relative error"):
+        check_module("negative control (must fail)", model, args, kwargs)
