@@ -168,8 +168,10 @@ class Adam:
     Notes
     -----
     Per parameter, with g its gradient and t the step counter after ``t += 1``, the update
-    (0)-(5) written out in ``functional/adam.py``, which does the arithmetic: an L2 term
-    ``wd * p`` joins g (Adam) or p shrinks by ``1 - lr * wd`` (AdamW), then
+    whose equations (1)-(7) and rounding points are written out in ``functional/adam.py``
+    (the backend's ``adam_update_group`` does the arithmetic; :meth:`step` keeps the state
+    and picks each parameter's weight decay by the decay rule): an L2 term ``wd * p`` joins
+    g (Adam) or p shrinks by ``1 - lr * wd`` (AdamW), then
     ``m = beta1 m + (1 - beta1) g``, ``v = beta2 v + (1 - beta2) g^2`` and
     ``p = p - lr / (1 - beta1**t) * m / (sqrt(v) / sqrt(1 - beta2**t) + eps)``.
 
@@ -268,27 +270,14 @@ class Adam:
                 self.m[name] = np.zeros(p.shape, dtype=p.dtype)
                 self.v[name] = np.zeros(p.shape, dtype=p.dtype)
         self.t += 1
-        beta1, beta2 = self.betas
-        # Scalars in float64, as torch computes them in Python, then cast to each param's dtype.
-        bias_correction1 = 1.0 - beta1 ** self.t
-        bc2_sqrt = (1.0 - beta2 ** self.t) ** 0.5
-        neg_step = -(lr / bias_correction1)
-        # per parameter: (1) AdamW's decay factor, (0) Adam's L2 weight
-        wds = {name: self.weight_decay if self.decays(name, p) else 0.0
-               for name, p in params.items()}
-        decay = {name: 1.0 - lr * wd if self.decoupled else 1.0 for name, wd in wds.items()}
-        l2 = {name: 0.0 if self.decoupled else wd for name, wd in wds.items()}
-
-        by_dtype: dict[np.dtype, list[str]] = {}
-        for name, p in params.items():
-            by_dtype.setdefault(p.dtype, []).append(name)
-        for dtype, names in by_dtype.items():  # one call per dtype, scalars in that dtype
-            f = dtype.type
-            self.ops.adam_update_group(
-                [params[n] for n in names], [grads[n] for n in names],
-                [self.m[n] for n in names], [self.v[n] for n in names],
-                np.array([decay[n] for n in names], dtype), np.array([l2[n] for n in names], dtype),
-                f(1.0 - beta1), f(beta2), f(1.0 - beta2), f(bc2_sqrt), f(self.eps), f(neg_step))
+        names = list(params)
+        self.ops.adam_update_group(
+            [params[n] for n in names], [grads[n] for n in names],
+            [self.m[n] for n in names], [self.v[n] for n in names],
+            lr=lr, beta1=self.betas[0], beta2=self.betas[1], eps=self.eps,
+            weight_decays=[self.weight_decay if self.decays(n, params[n]) else 0.0
+                           for n in names],
+            t=self.t, decoupled=self.decoupled)
 
     def state_dict(self) -> dict:
         """The optimiser state as plain values: ints, floats and dicts of array copies.
@@ -352,7 +341,7 @@ class AdamW(Adam):
     """Adam with decoupled weight decay: the parameter shrinks by ``lr * wd * p`` directly.
 
     Same parameters as :class:`Adam`, except ``weight_decay`` defaults to 0.01 (as
-    ``torch.optim.AdamW``) and enters the update as step (1) of :class:`Adam`'s Notes,
+    ``torch.optim.AdamW``) and enters the update as equation (2) of ``functional/adam.py``,
     ``p = p * (1 - lr * wd)``, instead of being added to the gradient. With Adam's coupled
     L2, the decay term is divided by ``sqrt(v)`` like the gradient, so parameters with large
     gradients are barely decayed; decoupling makes the decay the same for all of them.

@@ -111,6 +111,17 @@ def _group(n=2):
 
 
 _ADAM_SCALARS = (0.9, 0.999, 0.001, 0.5, 1e-8, -0.01)  # w1, beta2, w2, bc2_sqrt, eps, neg_step
+_ADAM_HYPER = (0.01, 0.9, 0.999, 1e-8)  # lr, beta1, beta2, eps
+
+
+def _adam_update(p, g, m, v, lr, beta1, beta2, eps, weight_decay, t):
+    adam.adam_update(p, g, m, v, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                     weight_decay=weight_decay, t=t, decoupled=False)
+
+
+def _adam_update_group(ps, gs, ms, vs, lr, beta1, beta2, eps, weight_decays, t):
+    adam.adam_update_group(ps, gs, ms, vs, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                           weight_decays=weight_decays, t=t, decoupled=True)
 
 
 def _parameter_set_update(ps, gs, ms, vs, decay, l2, *scalars):
@@ -142,12 +153,12 @@ CASES = {
     "gelu_backward": Case(activations.gelu_backward, _backward(activations.gelu_forward, _x),
                           bound=(0,)),
     "erf_f32": Case(activations.erf_f32, _x),
-    "adam_update": Case(adam.adam_update,
-                        lambda: (*[a[0] for a in _group(1)], 1.0, 0.0, *_ADAM_SCALARS),
-                        bound=(1, 2, 3)),
-    "adam_update_group": Case(adam.adam_update_group,
-                              lambda: (*_group(), np.ones(2), np.zeros(2), *_ADAM_SCALARS),
-                              bound=(1, 2, 3, 4, 5)),
+    "adam_update": Case(_adam_update,  # t = 3 times 7 is a step count as good
+                        lambda: (*[a[0] for a in _group(1)], *_ADAM_HYPER, 0.1, 3),
+                        bound=(1, 2, 3), accepts=("9:another integer",)),
+    "adam_update_group": Case(_adam_update_group,
+                              lambda: (*_group(), *_ADAM_HYPER, [0.1, 0.0], 3),
+                              bound=(1, 2, 3), accepts=("9:another integer",)),
     "ParameterSet": Case(_parameter_set_update,
                          lambda: (*_group(), np.ones(2), np.zeros(2), *_ADAM_SCALARS),
                          bound=(1, 2, 3, 4, 5)),
@@ -242,9 +253,9 @@ def _mutations(value, bound: bool, cache: bool):
         yield "a plain tuple", tuple(value)
     elif isinstance(value, np.ndarray):
         yield from _array_mutations(value, bound)
-    elif isinstance(value, (list, tuple)):  # adam's groups, sdpa_backward's out
+    elif isinstance(value, (list, tuple)):  # adam's groups and decays, sdpa_backward's out
         yield "empty", type(value)()
-        for label, first in _array_mutations(value[0], True):
+        for label, first in _mutations(value[0], True, False):
             yield f"first {label}", type(value)([first, *value[1:]])
     elif isinstance(value, int) and not isinstance(value, bool):  # groups, heads, fn
         yield "zero", 0

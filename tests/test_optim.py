@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from numpy_transformer.functional.adam import adam_update as adam_update_numpy
+from numpy_transformer.functional.adam import adam_update_group as adam_update_group_numpy
 from numpy_transformer.kernels.adam import adam_update as adam_update_numba
+from numpy_transformer.kernels.adam import adam_update_group as adam_update_group_numba
 from numpy_transformer.optim import Adam, AdamW, clip_grad_norm
 from numpy_transformer.schedules import constant_lr, warmup_cosine
 
@@ -87,11 +89,14 @@ def test_first_step_is_lr_times_sign(backend):
         np.testing.assert_allclose(before[k] - params[k], 0.05 * np.sign(g), rtol=1e-6)
 
 
+HYPER = dict(lr=3e-3, beta1=0.9, beta2=0.999, eps=1e-8)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("decoupled", [False, True])
-def test_numba_kernel_equals_numpy_reference_bitwise(dtype, decoupled):
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_numba_kernel_equals_numpy_reference_bitwise(dtype, decoupled, weight_decay):
     rng = np.random.default_rng(2)
-    f = np.dtype(dtype).type
     p = rng.standard_normal(1000).astype(dtype)
     m = (0.1 * rng.standard_normal(1000)).astype(dtype)
     v = (0.01 * rng.random(1000)).astype(dtype)
@@ -99,15 +104,131 @@ def test_numba_kernel_equals_numpy_reference_bitwise(dtype, decoupled):
     state_b = [p.copy(), m.copy(), v.copy()]
     for t in range(1, 6):
         g = rng.standard_normal(1000).astype(dtype)
-        lr, wd, b1, b2 = 3e-3, 0.1, 0.9, 0.999
-        scalars = [f(1 - lr * wd if decoupled else 1.0), f(0.0 if decoupled else wd),
-                   f(1 - b1), f(b2), f(1 - b2), f((1 - b2 ** t) ** 0.5), f(1e-8),
-                   f(-lr / (1 - b1 ** t))]
-        adam_update_numpy(*state_a[:1], g, *state_a[1:], *scalars)
-        adam_update_numba(*state_b[:1], g, *state_b[1:], *scalars)
+        hyper = dict(HYPER, weight_decay=weight_decay, t=t, decoupled=decoupled)
+        adam_update_numpy(*state_a[:1], g, *state_a[1:], **hyper)
+        adam_update_numba(*state_b[:1], g, *state_b[1:], **hyper)
         for name, a, b in zip("pmv", state_a, state_b, strict=True):
             assert a.dtype == dtype
             np.testing.assert_array_equal(a, b, err_msg=f"{name} at step {t}")
+    assert not np.array_equal(state_a[0], p)  # the update did something
+
+
+def test_reference_is_kingma_and_ba_in_float64():
+    """One call of the reference against Algorithm 1 written plainly (and AdamW's decay)."""
+    rng = np.random.default_rng(12)
+    p, g, m = (rng.standard_normal((4, 3)) for _ in range(3))
+    v = rng.random((4, 3))
+    lr, b1, b2, eps, wd, t = 0.01, 0.8, 0.95, 1e-6, 0.1, 7
+    for decoupled in (False, True):
+        g_t = g if decoupled else g + wd * p  # (1)
+        theta = p * (1 - lr * wd) if decoupled else p  # (2)
+        m_t, v_t = b1 * m + (1 - b1) * g_t, b2 * v + (1 - b2) * g_t ** 2  # (3), (4)
+        m_hat, v_hat = m_t / (1 - b1 ** t), v_t / (1 - b2 ** t)  # (5), (6)
+        expected = theta - lr * m_hat / (np.sqrt(v_hat) + eps)  # (7)
+        got = [p.copy(), m.copy(), v.copy()]
+        adam_update_numpy(got[0], g, got[1], got[2], lr=lr, beta1=b1, beta2=b2, eps=eps,
+                          weight_decay=wd, t=t, decoupled=decoupled)
+        for name, x, y in zip("pmv", got, (expected, m_t, v_t), strict=True):
+            np.testing.assert_allclose(x, y, rtol=1e-13, atol=0, err_msg=f"{name} {decoupled}")
+
+
+@pytest.mark.parametrize("dtypes", ["float32", "float64", "mixed"])
+@pytest.mark.parametrize("decoupled", [False, True])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_group_kernel_equals_reference_bitwise(dtypes, decoupled, weight_decay):
+    """``adam_update_group`` itself, reference against kernel: parameters that decay and
+    parameters that do not, one array longer than a work block, and (``mixed``) two dtypes in
+    one call, which the kernel splits by dtype."""
+    from numpy_transformer.kernels.adam import _BLOCK
+
+    rng = np.random.default_rng(13)
+    shapes = [(_BLOCK + 777,), (6, 5), (5,), (3, 4), (4,)]
+    dtype_of = {"float32": [np.float32] * 5, "float64": [np.float64] * 5,
+                "mixed": [np.float32, np.float64, np.float32, np.float64, np.float64]}[dtypes]
+    ps = [rng.standard_normal(s).astype(d) for s, d in zip(shapes, dtype_of, strict=True)]
+    states = [[[p.copy() for p in ps], [np.zeros_like(p) for p in ps],
+               [np.zeros_like(p) for p in ps]] for _ in range(2)]
+    weight_decays = [weight_decay if p.ndim >= 2 else 0.0 for p in ps]
+    for t in range(1, 5):
+        gs = [rng.standard_normal(p.shape).astype(p.dtype) for p in ps]
+        hyper = dict(HYPER, weight_decays=weight_decays, t=t, decoupled=decoupled)
+        for update, (qs, ms, vs) in zip((adam_update_group_numpy, adam_update_group_numba),
+                                        states, strict=True):
+            update(qs, gs, ms, vs, **hyper)
+    for k, p in enumerate(ps):
+        for name, a, b in zip("pmv", states[0], states[1], strict=True):
+            assert a[k].dtype == b[k].dtype == p.dtype
+            np.testing.assert_array_equal(a[k], b[k], err_msg=f"{name}[{k}]")
+
+
+def _valid_group(rng):
+    ps = [rng.standard_normal((3, 2)), rng.standard_normal(4)]
+    return ps, [rng.standard_normal(p.shape) for p in ps], [np.zeros_like(p) for p in ps], \
+        [np.zeros_like(p) for p in ps]
+
+
+BAD_ARGUMENTS = [  # (changed keyword or array, its bad value, the message it must raise)
+    ("lr", -1e-3, "lr"), ("lr", float("nan"), "lr"), ("beta1", 1.0, "beta1"),
+    ("beta2", -0.1, "beta2"), ("eps", -1.0, "eps"), ("eps", np.ones(2), "eps"),
+    ("t", 0, "t must be a positive integer"), ("t", 2.0, "t must"), ("t", True, "t must"),
+    ("decoupled", "yes", "decoupled"), ("decoupled", None, "decoupled"),
+    ("weight_decays", [0.1], "one number per parameter, 2"),
+    ("weight_decays", [0.1, -0.5], r"weight_decays\[1\]"),
+    ("weight_decays", "ab", "weight_decays"),
+    ("gs", 1, r"gs\[1\] must have shape \(4,\)"), ("ms", 1, r"ms\[1\] must be float64"),
+    ("vs", 1, r"vs\[1\] is read-only"), ("ps", 1, r"ps\[1\] must be a float array"),
+    ("ps", None, "as many arrays"),
+]
+
+
+def _break(kwargs, arrays, key, bad):
+    """Put the bad value in: a keyword, or for an array group, damage its entry ``bad``
+    (None: drop that group's last array)."""
+    if key in kwargs:
+        kwargs[key] = bad
+        return
+    group = arrays[key]
+    if bad is None:
+        group.pop()
+    else:
+        x = group[bad]
+        group[bad] = {"gs": x[:-1], "ms": x.astype(np.float32), "ps": x.astype(np.int64),
+                      "vs": x}[key]
+        if key == "vs":
+            x.flags.writeable = False
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("key, bad, message", BAD_ARGUMENTS)
+def test_update_group_rejects_bad_arguments_and_changes_nothing(backend, key, bad, message):
+    update = {"numpy": adam_update_group_numpy, "numba": adam_update_group_numba}[backend]
+    rng = np.random.default_rng(14)
+    arrays = dict(zip(("ps", "gs", "ms", "vs"), _valid_group(rng), strict=True))
+    before = {k: [x.copy() for x in group] for k, group in arrays.items()}
+    kwargs = dict(HYPER, weight_decays=[0.1, 0.0], t=1, decoupled=True)
+    _break(kwargs, arrays, key, bad)
+    with pytest.raises(ValueError, match=message):
+        update(*arrays.values(), **kwargs)
+    for k, group in arrays.items():  # the first parameter's arrays were not touched either
+        np.testing.assert_array_equal(group[0], before[k][0], err_msg=k)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_update_names_the_bad_argument_of_one_parameter(backend):
+    update = {"numpy": adam_update_numpy, "numba": adam_update_numba}[backend]
+    rng = np.random.default_rng(15)
+    p, g = rng.standard_normal((2, 3)), rng.standard_normal((2, 3))
+    m, v = np.zeros_like(p), np.zeros_like(p)
+    good = dict(HYPER, weight_decay=0.1, t=1, decoupled=False)
+    for change, message in (({"weight_decay": -0.1}, "weight_decay"), ({"t": -2}, "t must"),
+                            ({"lr": "0.1"}, "lr")):
+        with pytest.raises(ValueError, match=message):
+            update(p, g, m, v, **(good | change))
+    for args, message in (((p, g.T, m, v), r"g must have shape \(2, 3\)"),
+                          ((p, g, m.astype(np.float32), v), "m must be float64")):
+        with pytest.raises(ValueError, match=message):
+            update(*args, **good)
+    np.testing.assert_array_equal(m, 0.0)
 
 
 @pytest.mark.parametrize("cls", [Adam, AdamW])
@@ -156,10 +277,13 @@ def test_parameter_set_rejects_mismatched_arrays():
     from numpy_transformer.kernels.adam import ParameterSet
 
     a, b = np.zeros((3, 2)), np.zeros(5)
-    with pytest.raises(ValueError, match=r"gs\[0\] must be float64 of shape \(3, 2\)"):
-        ParameterSet([a], [a.T.copy()], [a], [a])  # another shape
+    with pytest.raises(ValueError, match=r"gs\[0\] must have shape \(3, 2\) .* got \(2, 3\)"):
+        ParameterSet([a, b], [a.T.copy(), b], [a, b], [a, b])  # another shape
     with pytest.raises(ValueError, match=r"gs\[0\] must be float64 .* got float32"):
-        ParameterSet([a], [a.astype(np.float32)], [a], [a])  # another dtype
+        ParameterSet([a, b], [a.astype(np.float32), b], [a, b], [a, b])  # another dtype
+    with pytest.raises(ValueError, match=r"one dtype, got \['float32', 'float64'\]"):
+        c = b.astype(np.float32)
+        ParameterSet([a, c], [a, c], [a, c], [a, c])  # two dtypes
     with pytest.raises(ValueError, match=r"vs\[0\] must be C-contiguous"):
         ParameterSet([a, b], [a, b], [a, b], [np.zeros((2, 3)).T, b])  # strided
     with pytest.raises(ValueError, match="as many arrays"):

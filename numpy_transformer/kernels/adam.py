@@ -1,16 +1,19 @@
-"""Adam's update in Numba: all the parameters of a model in one parallel call.
+"""Adam's update in Numba: all the parameters of a model in one parallel call per dtype.
 
-Same contract as ``functional/adam.py`` (the readable reference, read it first), whose
-arithmetic runs here entry by entry, in the parameters' dtype and without fastmath, so the two
-give the same numbers bit for bit (``tests/test_optim.py``):
+Same names, signatures and numbers as ``functional/adam.py`` (the readable reference, read it
+first): its equations run here entry by entry, in the parameters' dtype and without fastmath,
+on the same scalars (computed in Python floats, rounded once to the dtype), so the two agree
+bit for bit (``tests/test_optim.py``):
 
-* :func:`adam_update_group`: every parameter of one dtype in one call. It keeps the last few
-  :class:`ParameterSet` it built, so a training loop that hands it the same arrays every step
-  builds one once.
+* :func:`adam_update_group`: every parameter of a model, one call of the compiled loop per
+  dtype. The wrapper folds the hyperparameters into the scalars the loop takes (``1 - β1``,
+  ``√(1 - β2^t)``, ``-α / (1 - β1^t)``, per parameter ``1 - αλ`` or ``λ``). It keeps the
+  :class:`ParameterSet` of the last few models it saw, so a training loop that hands it the
+  same arrays every step builds them once.
 * :func:`adam_update`: the same for one parameter.
 * :class:`ParameterSet`: the addresses of same-dtype parameters, gradients and moments, and a
   table of blocks that shares their entries out over the threads; ``update(...)`` applies
-  one step to all of them.
+  one step to all of them, from the folded scalars.
 
 Why one call for all: the chapter's model has 37 parameter arrays, most of them small. One
 parallel call per array cost about 10 us each in start-up and dispatch, 0.4 ms per step for
@@ -27,7 +30,7 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from .._checks import check_scalar
+from .._checks import check_number, check_scalar
 from ..functional import adam as reference
 from ._jit import jit_options
 from ._validate import check_kernel_float
@@ -36,7 +39,7 @@ from ._validate import check_kernel_float
 __all__ = ['adam_update', 'adam_update_group']
 
 _BLOCK = 8192  # entries per work item: large enough to amortise, small enough to balance
-_KEPT_SETS = 4  # ParameterSets remembered by adam_update_group (one per model and dtype)
+_KEPT = 4  # models whose ParameterSets adam_update_group remembers
 
 
 @intrinsic
@@ -56,7 +59,7 @@ def _adam_kernel(addresses, sizes, decay, l2, block_array, block_start, block_st
     # covers entries block_start[b]:block_stop[b] of array block_array[b]. The scalars arrive
     # in the arrays' dtype, so float32 computes in float32 as the reference. No fastmath:
     # LLVM neither fuses a*b+c into an FMA nor reorders, so each line rounds at the same
-    # points as the reference.
+    # points as the reference. The reference's equation numbers:
     for blk in numba.prange(block_array.size):
         a, lo, hi = block_array[blk], block_start[blk], block_stop[blk]
         n = sizes[a]
@@ -70,13 +73,13 @@ def _adam_kernel(addresses, sizes, decay, l2, block_array, block_start, block_st
         for i in range(p.size):
             gi = g[i]
             if wd != 0:
-                gi = gi + wd * p[i]  # (0)
-            mi = m[i] + w1 * (gi - m[i])  # (2)
-            vi = v[i] * beta2 + w2 * gi * gi  # (3)
-            denom = np.sqrt(vi) / bc2_sqrt + eps  # (4)
+                gi = gi + wd * p[i]  # (1)
+            mi = m[i] + w1 * (gi - m[i])  # (3)
+            vi = v[i] * beta2 + w2 * gi * gi  # (4)
+            denom = np.sqrt(vi) / bc2_sqrt + eps  # (6)
             m[i] = mi
             v[i] = vi
-            p[i] = p[i] * dec + neg_step * (mi / denom)  # (1), (5)
+            p[i] = p[i] * dec + neg_step * (mi / denom)  # (2), (5), (7)
 
 
 class ParameterSet:
@@ -99,6 +102,9 @@ class ParameterSet:
                  ms: Sequence[np.ndarray], vs: Sequence[np.ndarray]) -> None:
         arrays = (ps, gs, ms, vs)
         _check_arrays(ps, gs, ms, vs)
+        dtypes = sorted({str(p.dtype) for p in ps})
+        if len(dtypes) != 1:
+            raise ValueError(f"ps must all have one dtype, got {dtypes}")
         for group_name, group in zip("pgmv", arrays, strict=True):
             for k, x in enumerate(group):  # (one Numba type for all: writeable, C order)
                 if not (x.flags.c_contiguous and x.flags.writeable):
@@ -121,7 +127,7 @@ class ParameterSet:
         """One Adam/AdamW step of every array, in place.
 
         ``decay`` and ``l2`` hold one value per parameter; the other scalars are shared. All
-        are of the arrays' dtype (see ``functional.adam.adam_update`` for what each means).
+        are of the arrays' dtype; :func:`_folded` says what each is.
         """
         n = self.sizes.size
         for name, values in (("decay", decay), ("l2", l2)):
@@ -137,56 +143,81 @@ class ParameterSet:
 
 
 def _check_arrays(ps, gs, ms, vs) -> None:
-    """Raise ``ValueError`` unless ps, gs, ms, vs hold as many arrays, at least one, the k-th
-    of each of ps[k]'s shape, all of one dtype the kernel is compiled for."""
-    lengths = [len(group) for group in (ps, gs, ms, vs)]
-    if len(set(lengths)) != 1 or lengths[0] == 0:
-        raise ValueError(f"ps, gs, ms, vs must hold as many arrays, at least one, got {lengths}")
-    dtype = check_kernel_float("ps[0]", ps[0]).dtype
-    for group_name, group in zip("pgmv", (ps, gs, ms, vs), strict=True):
-        for k, (x, p) in enumerate(zip(group, ps, strict=True)):
-            name = f"{group_name}s[{k}]"
-            check_kernel_float(name, x)
-            if x.shape != p.shape or x.dtype != dtype:
-                raise ValueError(f"{name} must be {dtype} of shape {p.shape} like ps[{k}], got "
-                                 f"{x.dtype} {x.shape}")
+    """The reference's checks (``functional.adam.check_adam_arrays``), and each parameter
+    float32 or float64, the dtypes the loop is compiled for."""
+    reference.check_adam_arrays(ps, gs, ms, vs)
+    for k, p in enumerate(ps):
+        check_kernel_float(f"ps[{k}]" if len(ps) > 1 else "p", p)
 
 
-_sets: OrderedDict = OrderedDict()  # identity of the arrays -> their ParameterSet
+_kept: OrderedDict = OrderedDict()  # identity of the arrays -> their _dtype_groups
 
 
-def _parameter_set(ps, gs, ms, vs) -> ParameterSet:
-    """The ParameterSet of these arrays, built once while they stay the same objects (the
-    set keeps them alive, so their identities cannot be reused meanwhile)."""
-    key = tuple(id(x) for group in (ps, gs, ms, vs) for x in group)
-    found = _sets.get(key)
+def _dtype_groups(ps, gs, ms, vs) -> list[tuple[list[int], ParameterSet | None, tuple]]:
+    """``(indices, set, arrays)`` per dtype of the parameters: their indices in ps, the
+    ParameterSet of their arrays (None if they are not all C-contiguous and writeable: they
+    go to the reference) and the four lists of those arrays. Built, after checking every
+    array, once while the arrays stay the same objects (kept alive here, so their identities
+    cannot be reused meanwhile)."""
+    key = tuple(tuple(map(id, group)) for group in (ps, gs, ms, vs))
+    found = _kept.get(key)
     if found is None:
-        found = _sets[key] = ParameterSet(ps, gs, ms, vs)
-        if len(_sets) > _KEPT_SETS:
-            _sets.popitem(last=False)
-    _sets.move_to_end(key)
+        _check_arrays(ps, gs, ms, vs)
+        by_dtype: dict[np.dtype, list[int]] = {}
+        for k, p in enumerate(ps):
+            by_dtype.setdefault(p.dtype, []).append(k)
+        found = []
+        for ks in by_dtype.values():
+            arrays = tuple([group[k] for k in ks] for group in (ps, gs, ms, vs))
+            fast = all(x.flags.c_contiguous and x.flags.writeable for group in arrays
+                       for x in group)
+            found.append((ks, ParameterSet(*arrays) if fast else None, arrays))
+        _kept[key] = found
+        if len(_kept) > _KEPT:
+            _kept.popitem(last=False)
+    _kept.move_to_end(key)
     return found
 
 
+def _folded(dtype: np.dtype, lr: float, beta1: float, beta2: float, eps: float,
+            weight_decays: np.ndarray, t: int, decoupled: bool) -> tuple:
+    """The arguments of :meth:`ParameterSet.update` for parameters of one dtype: per
+    parameter ``decay = 1 - αλ`` (AdamW; Adam: 1) and ``l2 = λ`` (Adam; AdamW: 0), then
+    ``1 - β1, β2, 1 - β2, √(1 - β2^t), ε, -α / (1 - β1^t)``; each computed in float64, as
+    the reference's scalars, then rounded once to ``dtype``."""
+    f = dtype.type
+    decay = 1.0 - lr * weight_decays if decoupled else np.ones_like(weight_decays)
+    l2 = np.zeros_like(weight_decays) if decoupled else weight_decays
+    return (decay.astype(dtype), l2.astype(dtype), f(1.0 - beta1), f(beta2), f(1.0 - beta2),
+            f((1.0 - beta2 ** t) ** 0.5), f(eps), f(-(lr / (1.0 - beta1 ** t))))
+
+
 def adam_update_group(ps: Sequence[np.ndarray], gs: Sequence[np.ndarray],
-                      ms: Sequence[np.ndarray], vs: Sequence[np.ndarray], decays: np.ndarray,
-                      l2s: np.ndarray, w1, beta2, w2, bc2_sqrt, eps, neg_step) -> None:
-    """Every parameter of one dtype in one parallel call; see
-    ``functional.adam.adam_update_group``. Arrays that are not all C-contiguous go to the
-    reference."""
-    if not all(isinstance(x, np.ndarray) and x.flags.c_contiguous
-               for group in (ps, gs, ms, vs) for x in group):
-        _check_arrays(ps, gs, ms, vs)
-        reference.adam_update_group(ps, gs, ms, vs, decays, l2s, w1, beta2, w2, bc2_sqrt, eps,
-                                    neg_step)
-        return
-    _parameter_set(ps, gs, ms, vs).update(decays, l2s, w1, beta2, w2, bc2_sqrt, eps, neg_step)
+                      ms: Sequence[np.ndarray], vs: Sequence[np.ndarray], *, lr: float,
+                      beta1: float, beta2: float, eps: float, weight_decays: Sequence[float],
+                      t: int, decoupled: bool) -> None:
+    """Every parameter, one parallel call per dtype; see
+    ``functional.adam.adam_update_group`` (same arguments, same numbers). A dtype whose arrays
+    are not all C-contiguous and writeable goes to the reference."""
+    groups = _dtype_groups(ps, gs, ms, vs)  # everything checked before the first update
+    lr, beta1, beta2, eps, t = reference.check_adam_hyperparameters(lr, beta1, beta2, eps,
+                                                                    t, decoupled)
+    weight_decays = reference.check_weight_decays(weight_decays, len(ps))
+    for ks, parameter_set, arrays in groups:
+        wds = [weight_decays[k] for k in ks]
+        if parameter_set is None:
+            reference.adam_update_group(*arrays, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                                        weight_decays=wds, t=t, decoupled=decoupled)
+        else:
+            parameter_set.update(*_folded(parameter_set.dtype, lr, beta1, beta2, eps,
+                                          np.array(wds), t, decoupled))
 
 
-def adam_update(p, g, m, v, decay, l2, w1, beta2, w2, bc2_sqrt, eps, neg_step) -> None:
-    """One parameter's update; see ``functional.adam.adam_update``."""
-    dtype = check_kernel_float("p", p).dtype
-    check_scalar("decay", decay)
-    check_scalar("l2", l2)
-    adam_update_group([p], [g], [m], [v], np.array([decay], dtype), np.array([l2], dtype), w1,
-                      beta2, w2, bc2_sqrt, eps, neg_step)
+def adam_update(p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, *, lr: float,
+                beta1: float, beta2: float, eps: float, weight_decay: float, t: int,
+                decoupled: bool) -> None:
+    """One parameter's update; see ``functional.adam.adam_update`` (same arguments, same
+    numbers)."""
+    check_number("weight_decay", weight_decay, 0.0)
+    adam_update_group([p], [g], [m], [v], lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                      weight_decays=[weight_decay], t=t, decoupled=decoupled)
