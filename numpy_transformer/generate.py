@@ -1,8 +1,9 @@
-"""Text generation: sampling the next token, and a key/value cache so a step costs one row.
+"""Text generation: the decoding loops, and a key/value cache so a step costs one row.
 
 A decoder-only model turns a sequence into next-token logits. Generating ``steps`` tokens
 repeats three moves: take the logits of the last position, draw a token from them
-(:func:`sample_next`), append it. Done naively every step runs the whole model over the whole
+(:func:`~numpy_transformer.sampling.sample_next`, in ``sampling.py`` with the temperature,
+top-k and nucleus options), append it. Done naively every step runs the whole model over the whole
 window again; the course chapter's sampler does exactly that on its last 100 characters. With
 a **key/value cache** (``nn/decoding.py``: ``model.forward(tokens, cache=cache)``) every
 attention layer keeps the keys and values of the positions it has already seen, so a new token
@@ -51,12 +52,13 @@ step instead, the reference the carried state is tested against.
 
 References
 ----------
-Holtzman et al., "The Curious Case of Neural Text Degeneration", 2020 (nucleus sampling).
-Fan, Lewis & Dauphin, "Hierarchical Neural Story Generation", 2018 (top-k sampling).
 Pope et al., "Efficiently Scaling Transformer Inference", 2022 (the key/value cache).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -64,146 +66,13 @@ from ._checks import check_ids
 from .nn.decoding import new_cache
 from .nn.lstm import LSTMLM, new_state
 from .nn.models import DecoderLM, EncoderDecoder
+from .sampling import check_sampling, next_token_probs, sample_next
+
+# sample_next and next_token_probs are sampling.py's; they stay importable from here
+__all__ = ["POLICIES", "RecurrentDecoder", "WindowedDecoder", "generate", "generate_seq2seq",
+           "next_token_probs", "sample_next"]
 
 POLICIES = ("refill", "recompute")
-
-
-# ---------------------------------------------------------------------- sampling
-
-
-def _check_sampling(temperature, top_k, top_p) -> None:
-    """Raise ``ValueError`` naming the first bad sampling option."""
-    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.floating))
-            or not np.isfinite(temperature) or not temperature > 0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer))
-                              or top_k < 1):
-        raise ValueError(f"top_k must be an integer >= 1 (or None), got {top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool)
-                              or not isinstance(top_p, (int, float, np.floating))
-                              or not 0 < top_p <= 1):
-        raise ValueError(f"top_p must lie in (0, 1] (or be None), got {top_p!r}")
-
-
-def next_token_probs(logits: np.ndarray, temperature: float = 1.0, top_k: int | None = None,
-                     top_p: float | None = None) -> np.ndarray:
-    """The distribution :func:`sample_next` draws from: temperature, then top-k, then top-p.
-
-    Parameters
-    ----------
-    logits : ndarray of shape (B, V)
-    temperature, top_k, top_p
-        As for :func:`sample_next` (already validated).
-
-    Returns
-    -------
-    probs : ndarray of float64, shape (B, V)
-        Each row sums to 1; tokens cut by top-k or top-p have probability exactly 0.
-
-    Notes
-    -----
-    (1) z = logits / temperature
-    (1') where (1) overflows (a temperature like 1e-310), its limit as temperature -> 0:
-         z_j = 0 for the largest logits, -inf for the rest, i.e. greedy (ties share)
-    (2) top-k: z_j = -inf unless j is among the k largest z (exactly k kept; ties at the
-        k-th value are broken arbitrarily)
-    (3) p = softmax(z)
-    (4) top-p: sort p descending; keep the smallest prefix whose cumulative mass reaches
-        top_p, i.e. keep sorted entry i iff the mass *before* it is < top_p; set the rest to
-        0 and renormalise
-    """
-    with np.errstate(over="ignore"):  # handled by (1')
-        z = logits.astype(np.float64) / temperature  # (1) (B, V)
-    top = z.max(axis=-1)
-    if not np.isfinite(top).all():  # (1') a temperature so small that (1) overflows
-        rows = ~np.isfinite(top)
-        best = logits[rows] == logits[rows].max(axis=-1, keepdims=True)
-        z[rows] = np.where(best, 0.0, -np.inf)  # the limit T -> 0: all mass on the best
-    v = z.shape[-1]
-    if top_k is not None and top_k < v:  # (2)
-        best = np.argpartition(-z, top_k - 1, axis=-1)[:, :top_k]  # (B, k), any order
-        keep = np.zeros(z.shape, dtype=bool)
-        np.put_along_axis(keep, best, True, axis=-1)
-        z = np.where(keep, z, -np.inf)
-    e = np.exp(z - z.max(axis=-1, keepdims=True))  # (3)
-    p = e / e.sum(axis=-1, keepdims=True)
-    if top_p is not None and top_p < 1:  # (4)
-        order = np.argsort(-p, axis=-1, kind="stable")  # (B, V) most probable first
-        sorted_p = np.take_along_axis(p, order, axis=-1)
-        mass_before = np.cumsum(sorted_p, axis=-1) - sorted_p
-        keep = np.zeros(p.shape, dtype=bool)
-        np.put_along_axis(keep, order, mass_before < top_p, axis=-1)  # the first is always kept
-        p = np.where(keep, p, 0.0)
-        p = p / p.sum(axis=-1, keepdims=True)
-    return p
-
-
-def sample_next(logits: np.ndarray, rng: np.random.Generator | None, temperature: float = 1.0,
-                top_k: int | None = None, top_p: float | None = None, greedy: bool = False):
-    """Draw the next token id from next-token logits.
-
-    Parameters
-    ----------
-    logits : ndarray of shape (V,) or (B, V)
-        Unnormalised log-probabilities of the next token (the model's last position).
-    rng : np.random.Generator
-        The only source of randomness (may be None when ``greedy``).
-    temperature : float, default 1.0
-        Divides the logits: < 1 sharpens the distribution (towards greedy as it goes to 0;
-        one so small that the division overflows, such as 1e-310, is greedy), > 1 flattens it.
-    top_k : int, optional
-        Keep only the k most probable tokens, renormalised (k >= V keeps all).
-    top_p : float, optional
-        Nucleus sampling: keep the smallest set of most probable tokens whose total
-        probability reaches ``top_p`` (applied after top-k), renormalised.
-    greedy : bool, default False
-        Return the argmax of the logits (temperature, top-k and top-p cannot change it).
-
-    Returns
-    -------
-    ids : int for logits (V,); ndarray of int64, shape (B,), for logits (B, V)
-
-    Raises
-    ------
-    ValueError
-        For logits that are not a 1-D/2-D float array, contain NaN or +inf, or have a row
-        without a finite entry; for ``temperature <= 0``, ``top_k < 1``, ``top_p`` outside
-        (0, 1], or a missing ``rng`` when sampling.
-
-    Notes
-    -----
-    The distribution is :func:`next_token_probs`. A token is drawn by inverting the
-    cumulative distribution with one uniform number u per row: the first j with
-    cumsum(p)_j > u * sum(p). A token of probability 0 is never drawn.
-    """
-    _check_sampling(temperature, top_k, top_p)
-    logits = np.asarray(logits)
-    if not np.issubdtype(logits.dtype, np.floating) or logits.ndim not in (1, 2):
-        raise ValueError(f"logits must be a float array of shape (V,) or (B, V), got dtype "
-                         f"{logits.dtype} and shape {logits.shape}")
-    if logits.shape[-1] == 0:
-        raise ValueError(f"logits have an empty vocabulary axis, shape {logits.shape}")
-    rows = logits.reshape(-1, logits.shape[-1])  # (B, V)
-    row_max = rows.max(axis=-1)  # NaN if the row holds a NaN
-    if np.isnan(row_max).any() or (row_max == np.inf).any():
-        raise ValueError("logits contain NaN or +inf")
-    if not (row_max > -np.inf).all():
-        raise ValueError("a row of logits has no finite entry: nothing can be sampled")
-    if greedy:
-        ids = rows.argmax(axis=-1)
-    else:
-        if not isinstance(rng, np.random.Generator):
-            raise ValueError(f"rng must be a np.random.Generator when sampling, got "
-                             f"{type(rng).__name__}")
-        p = next_token_probs(rows, temperature, top_k, top_p)  # (B, V)
-        c = np.cumsum(p, axis=-1)
-        u = rng.random((p.shape[0], 1)) * c[:, -1:]  # (B, 1), in [0, total)
-        ids = (c <= u).sum(axis=-1)  # index of the first c_j > u; its p_j > 0
-        if (ids == p.shape[1]).any():  # u rounded up to the total: take the last p_j > 0
-            last = p.shape[1] - 1 - np.argmax(p[:, ::-1] > 0, axis=-1)
-            ids = np.minimum(ids, last)
-    ids = ids.astype(np.int64)
-    return int(ids[0]) if logits.ndim == 1 else ids
 
 
 # ---------------------------------------------------------------------- the window
@@ -336,9 +205,35 @@ def _check_prompt(name: str, ids, vocab: int) -> tuple[np.ndarray, bool]:
     return (ids[None] if single else ids).astype(np.int64), single
 
 
-def _check_steps(steps) -> None:
+def _check_run(steps, rng, temperature, top_k, top_p, greedy) -> None:
+    """Refuse, naming the value, a ``steps`` or a sampling option a decoding loop cannot use."""
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
         raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
+    check_sampling(rng, temperature, top_k, top_p, greedy)
+
+
+@contextmanager
+def _evaluating(model) -> Iterator[None]:
+    """Run the block with ``model`` in eval mode (dropout off), then restore its mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _decoder_for(model, use_cache: bool, policy: str | None,
+                 keep: int | None) -> WindowedDecoder | RecurrentDecoder:
+    """The decoder that gives ``model``'s next-token logits (refusing what it cannot use)."""
+    if isinstance(model, LSTMLM):
+        if policy is not None or keep is not None:
+            raise ValueError(f"policy={policy!r} and keep={keep!r} choose a Transformer's "
+                             f"window; an LSTMLM reads none (its state carries the sequence)")
+        return RecurrentDecoder(model, use_cache=use_cache)
+    if isinstance(model, DecoderLM):
+        return WindowedDecoder(model, use_cache=use_cache, policy=policy or "refill", keep=keep)
+    raise ValueError(f"generate needs a DecoderLM or an LSTMLM, got {type(model).__name__}")
 
 
 def generate(model: DecoderLM | LSTMLM, prompt_ids, steps: int,
@@ -362,7 +257,7 @@ def generate(model: DecoderLM | LSTMLM, prompt_ids, steps: int,
         Source of every random draw (may be None with ``greedy``); a seeded generator makes
         the output repeatable.
     temperature, top_k, top_p, greedy
-        How each token is drawn, see :func:`sample_next`.
+        How each token is drawn, see :func:`~numpy_transformer.sampling.sample_next`.
     use_cache : bool, default True
         Decode with the key/value cache (one new row per step), or the LSTM's carried state
         (one step per token). False recomputes the window (the whole sequence, for an LSTM)
@@ -387,34 +282,17 @@ def generate(model: DecoderLM | LSTMLM, prompt_ids, steps: int,
         an empty prompt, negative ``steps``, an unknown policy, a bad ``keep``, a policy or
         ``keep`` for an LSTMLM, or bad sampling options.
     """
-    if isinstance(model, LSTMLM):
-        if policy is not None or keep is not None:
-            raise ValueError(f"policy={policy!r} and keep={keep!r} choose a Transformer's "
-                             f"window; an LSTMLM reads none (its state carries the sequence)")
-        decoder = RecurrentDecoder(model, use_cache=use_cache)
-    elif isinstance(model, DecoderLM):
-        decoder = WindowedDecoder(model, use_cache=use_cache, policy=policy or "refill",
-                                  keep=keep)
-    else:
-        raise ValueError(f"generate needs a DecoderLM or an LSTMLM, got {type(model).__name__}")
+    decoder = _decoder_for(model, use_cache, policy, keep)
     prompt, single = _check_prompt("prompt_ids", prompt_ids, model.config.vocab)
-    _check_steps(steps)
-    _check_sampling(temperature, top_k, top_p)
-    if not greedy and not isinstance(rng, np.random.Generator):
-        raise ValueError(f"rng must be a np.random.Generator when sampling, got "
-                         f"{type(rng).__name__}")
-    was_training = model.training
-    model.eval()
-    try:
-        new = []  # one (B,) array per step
+    _check_run(steps, rng, temperature, top_k, top_p, greedy)
+    new = []  # one (B,) array per step
+    with _evaluating(model):
         if steps:
             logits = decoder.start(prompt)  # (B, V)
         for step in range(steps):
             new.append(sample_next(logits, rng, temperature, top_k, top_p, greedy))  # (B,)
             if step + 1 < steps:  # the last token needs no logits after it
                 logits = decoder.append(new[-1])
-    finally:
-        model.train(was_training)
     ids = np.concatenate([prompt] + [t[:, None] for t in new], axis=1)  # (B, T + steps)
     return ids[0] if single else ids
 
@@ -459,17 +337,11 @@ def generate_seq2seq(model: EncoderDecoder, src_ids, start_ids, steps: int,
     if single != single_tgt or src.shape[0] != tgt.shape[0]:
         raise ValueError(f"src_ids {np.shape(src_ids)} and start_ids {np.shape(start_ids)} "
                          f"must hold the same number of sequences")
-    _check_steps(steps)
+    _check_run(steps, rng, temperature, top_k, top_p, greedy)
     if tgt.shape[1] + steps > max_len:
         raise ValueError(f"start tokens ({tgt.shape[1]}) + steps ({steps}) exceed "
                          f"max_len={max_len}")
-    _check_sampling(temperature, top_k, top_p)
-    if not greedy and not isinstance(rng, np.random.Generator):
-        raise ValueError(f"rng must be a np.random.Generator when sampling, got "
-                         f"{type(rng).__name__}")
-    was_training = model.training
-    model.eval()
-    try:
+    with _evaluating(model):
         cache = new_cache(model, src.shape[0]) if use_cache else None
         new = tgt  # with the cache: prefill with the start tokens, then one token per step
         for _ in range(steps):
@@ -479,6 +351,4 @@ def generate_seq2seq(model: EncoderDecoder, src_ids, start_ids, steps: int,
                 logits = model.forward(src, tgt, src_lengths)[:, -1]  # (B, V)
             new = sample_next(logits, rng, temperature, top_k, top_p, greedy)[:, None]
             tgt = np.concatenate([tgt, new], axis=1)
-    finally:
-        model.train(was_training)
     return tgt[0] if single else tgt

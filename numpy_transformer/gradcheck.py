@@ -330,6 +330,21 @@ def verdict(mine: np.ndarray, other: np.ndarray, tol: float = 1e-6, atol: float 
     return f"WRONG (max abs err {row.max_abs:.1e})"
 
 
+def _verdicts(mine: np.ndarray, reference, numeric, entries, label: str, tol: float,
+              atol: float) -> list[tuple[str, str]]:
+    """``(what, verdict)`` of ``mine`` against each of ``reference`` and ``numeric`` given.
+
+    ``numeric`` is compared with the flat ``entries`` of ``mine`` when they are given.
+    """
+    found = []
+    if reference is not None:
+        found.append((label, verdict(mine, reference, tol, atol)))
+    if numeric is not None:
+        at_entries = mine if entries is None else mine.reshape(-1)[np.asarray(entries)]
+        found.append(("finite differences", verdict(at_entries, numeric, tol, atol)))
+    return found
+
+
 def compare(name: str, mine: np.ndarray, reference: np.ndarray | None = None,
             numeric: np.ndarray | None = None, *, entries: np.ndarray | None = None,
             tol: float = 1e-6, atol: float = 1e-10, strict: bool = True,
@@ -383,14 +398,8 @@ def compare(name: str, mine: np.ndarray, reference: np.ndarray | None = None,
                          f"that cell and this one again")
     if reference is None and numeric is None:
         raise ValueError(f"compare({name!r}, ...) needs a reference, numeric values, or both")
-    mine = np.asarray(mine)
-    parts = []
-    if reference is not None:
-        parts.append(f"{label} {verdict(mine, reference, tol, atol):<28}")
-    if numeric is not None:
-        sample = mine if entries is None else mine.reshape(-1)[np.asarray(entries)]
-        parts.append(f"finite differences {verdict(sample, numeric, tol, atol)}")
-    line = (f"{name:<15} " + " ".join(parts)).rstrip()
+    verdicts = _verdicts(np.asarray(mine), reference, numeric, entries, label, tol, atol)
+    line = " ".join([f"{name:<15}"] + [f"{what} {v:<28}" for what, v in verdicts]).rstrip()
     print(line)
-    if strict and "WRONG" in line:
+    if strict and any(v.startswith("WRONG") for _, v in verdicts):
         raise WrongGradientError(line)

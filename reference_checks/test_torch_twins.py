@@ -139,6 +139,24 @@ def test_adam_from_torch_refuses_what_ours_cannot_hold():
     everything = torch.optim.AdamW(twin.parameters())  # torch's default: decay every tensor
     assert adam_from_torch(everything, twin, model).decay == {
         n for n, _, _ in model.named_parameters()}
+    assert adam_from_torch(everything, twin, model).t == 0  # no step yet: no state to carry
+
+    def state(p, step):
+        return {"step": torch.tensor(float(step)), "exp_avg": torch.zeros_like(p),
+                "exp_avg_sq": torch.zeros_like(p)}
+
+    partial = torch.optim.Adam(params)
+    partial.state[params[0]] = state(params[0], 3)
+    with pytest.raises(ValueError, match=r"step counts differ \(\[3\], or some have no state"):
+        adam_from_torch(partial, twin, model)
+    mixed = torch.optim.Adam(params)
+    for i, p in enumerate(params):
+        mixed.state[p] = state(p, 2 if i else 5)
+    with pytest.raises(ValueError, match=r"step counts differ \(\[2, 5\]"):
+        adam_from_torch(mixed, twin, model)
+    for p in params:
+        mixed.state[p] = state(p, 2)
+    assert adam_from_torch(mixed, twin, model).t == 2
 
 
 def test_safetensors_export_loads_into_the_twin_with_pytorch_alone(tmp_path):

@@ -27,8 +27,9 @@ LAYERS = (
     ("kernels",),  # the same contracts, compiled
     ("backend",),  # the one seam between the two
     ("nn",),  # modules and models
-    ("optim", "schedules", "train", "generate", "checkpoint", "gradcheck", "gradcheck_tables",
-     "data", "tasks", "corpus", "interop", "plots", "export", "torch_twins"),  # built on nn
+    ("optim", "schedules", "train", "generate", "sampling", "checkpoint", "gradcheck",
+     "gradcheck_tables", "data", "tasks", "corpus", "interop", "plots", "export",
+     "torch_twins"),  # built on nn
     ("runs", "bench"),  # training runs on disk; the benchmarks the command line runs
     ("cli", "__main__"),  # the command line
 )

@@ -319,6 +319,63 @@ def test_generate_rejects_other_models():
         generate(model, [1], 1, None, greedy=True)
 
 
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(steps=-1), "steps must be an integer >= 0, got -1"),
+    (dict(steps=True), "got True"),
+    (dict(temperature=-2.0), "temperature must be a finite number > 0, got -2.0"),
+    (dict(top_k=1.5), "top_k must be an integer >= 1 .* got 1.5"),
+    (dict(top_p=0.0), r"top_p must lie in \(0, 1\] .* got 0.0"),
+    (dict(rng=None), "rng must be a np.random.Generator when sampling, got NoneType"),
+    (dict(src_ids=[[1, 2]]), "must hold the same number of sequences"),
+    (dict(model=DecoderLM(tiny_config())), "needs an EncoderDecoder, got DecoderLM"),
+])
+def test_generate_seq2seq_bad_inputs(kwargs, match):
+    """The loop shares generate's checks: each bad value is refused before any decoding."""
+    args = dict(model=EncoderDecoder(tiny_config()), src_ids=[[1, 2], [3, 4]],
+                start_ids=[[0], [0]], steps=2, rng=np.random.default_rng(0))
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        generate_seq2seq(**args)
+
+
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+def test_mode_restored_when_a_step_raises(family):
+    """Eval mode lasts as long as the loop, even one a failing forward ends early."""
+    model = (DecoderLM if family == "decoder" else EncoderDecoder)(tiny_config(dropout=0.1))
+
+    def failing_forward(*args, **kwargs):
+        assert not model.training  # the loop runs in eval mode
+        raise RuntimeError("forward failed")
+
+    model.forward = failing_forward
+    with pytest.raises(RuntimeError, match="forward failed"):
+        if family == "decoder":
+            generate(model, [1, 2], 3, np.random.default_rng(0))
+        else:
+            generate_seq2seq(model, [1, 2], [0], 3, np.random.default_rng(0))
+    assert model.training
+
+
+def test_sampling_stays_importable_from_generate():
+    """sample_next and next_token_probs live in sampling.py; generate re-exports them."""
+    from numpy_transformer import generate as generate_module
+    from numpy_transformer import sampling
+
+    assert sample_next is sampling.sample_next
+    assert next_token_probs is sampling.next_token_probs
+    assert all(hasattr(generate_module, name) for name in generate_module.__all__)
+
+
+def test_check_sampling_allows_no_rng_only_when_greedy():
+    from numpy_transformer.sampling import check_sampling
+
+    check_sampling(None, temperature=0.5, top_k=3, top_p=0.9, greedy=True)
+    with pytest.raises(ValueError, match="rng must be a np.random.Generator .* got int"):
+        check_sampling(0, temperature=0.5)
+    with pytest.raises(ValueError, match="top_p must lie in .* got 2"):
+        check_sampling(None, top_p=2, greedy=True)  # greedy does not excuse a bad option
+
+
 # ---------------------------------------------------------------------- sampling
 
 

@@ -117,6 +117,16 @@ def test_compare_checks_a_sample_of_entries(capsys):
         compare("dx", dx, numeric=-sample, entries=entries)
 
 
+def test_compare_line_columns_and_a_name_that_says_wrong(capsys):
+    """The verdicts decide the raise, not the printed text: a name holding "WRONG" passes."""
+    a = np.array([1.0, -2.0, 3.0])
+    compare("WRONG-dx", a, a, a + 1e-12)
+    assert capsys.readouterr().out == ("WRONG-dx        library exact                        "
+                                       "finite differences close (max rel err 3.3e-13)\n")
+    compare("dx", a, a + 1, label="separate", strict=False)
+    assert capsys.readouterr().out == "dx              separate WRONG (max abs err 1.0e+00)\n"
+
+
 def test_verdicts():
     a = np.array([1.0, -2.0, 3.0])
     assert verdict(a, a.copy()) == "exact"

@@ -227,6 +227,56 @@ def _shared(groups: list[dict], key: str):
     return groups[0][key]
 
 
+def _hyperparameters(torch_opt: torch.optim.Optimizer) -> dict:
+    """``lr``, ``betas``, ``eps`` and ``weight_decay`` of a torch Adam or AdamW, one value each.
+
+    The weight decay is the one of the groups that decay (0 if none does); which parameters
+    those groups hold is the decay rule (:func:`_decayed`).
+    """
+    if type(torch_opt) not in (torch.optim.Adam, torch.optim.AdamW):
+        raise ValueError(f"adam_from_torch takes torch.optim.Adam or AdamW, got "
+                         f"{type(torch_opt).__name__}")
+    groups = torch_opt.param_groups
+    for flag in ("amsgrad", "maximize"):
+        if any(g.get(flag) for g in groups):
+            raise ValueError(f"the torch optimiser uses {flag}=True, which ours does not have")
+    lr, betas, eps = (_shared(groups, k) for k in ("lr", "betas", "eps"))
+    decaying = [g for g in groups if g["weight_decay"] > 0]
+    weight_decay = _shared(decaying, "weight_decay") if decaying else 0.0
+    return {"lr": float(lr), "betas": tuple(float(b) for b in betas), "eps": float(eps),
+            "weight_decay": float(weight_decay)}
+
+
+def _decayed(torch_opt: torch.optim.Optimizer, twin_params: dict,
+             names: dict) -> frozenset[str]:
+    """Our names of the parameters in a group with a positive weight decay.
+
+    ``twin_params`` maps torch's names to the twin's parameters, ``names`` ours to
+    (torch's, transposed); every parameter must be in some group.
+    """
+    group_of = {id(p): g for g in torch_opt.param_groups for p in g["params"]}
+    ungrouped = sorted(t for t, _ in names.values() if id(twin_params[t]) not in group_of)
+    if ungrouped:
+        raise ValueError(f"parameters {ungrouped} are in no group of the torch optimiser")
+    return frozenset(n for n, (t, _) in names.items()
+                     if group_of[id(twin_params[t])]["weight_decay"] > 0)
+
+
+def _step_and_moments(torch_opt: torch.optim.Optimizer, twin_params: dict,
+                      torch_names: list[str]) -> tuple[int, dict, dict] | None:
+    """The one step count and both moments (torch's name -> tensor); None before a step."""
+    states = [torch_opt.state.get(twin_params[t], {}) for t in torch_names]
+    steps = {int(s["step"]) for s in states if s}
+    if len(steps) > 1 or (steps and not all(states)):
+        raise ValueError(f"the parameters' step counts differ ({sorted(steps)}, or some have "
+                         f"no state); ours has one step count")
+    if not steps:
+        return None
+    m = {t: s["exp_avg"] for t, s in zip(torch_names, states, strict=True)}
+    v = {t: s["exp_avg_sq"] for t, s in zip(torch_names, states, strict=True)}
+    return steps.pop(), m, v
+
+
 def adam_from_torch(torch_opt: torch.optim.Optimizer, twin: nn.Module, model: ours.Module,
                     backend: str = DEFAULT_BACKEND) -> Adam:
     """Our optimiser continuing a torch ``Adam``/``AdamW`` run (the inverse of
@@ -254,37 +304,17 @@ def adam_from_torch(torch_opt: torch.optim.Optimizer, twin: nn.Module, model: ou
         betas, eps or positive weight decay, a parameter of the twin is in no group, or the
         parameters' step counts differ.
     """
-    if type(torch_opt) not in (torch.optim.Adam, torch.optim.AdamW):
-        raise ValueError(f"adam_from_torch takes torch.optim.Adam or AdamW, got "
-                         f"{type(torch_opt).__name__}")
-    groups = torch_opt.param_groups
-    for flag in ("amsgrad", "maximize"):
-        if any(g.get(flag) for g in groups):
-            raise ValueError(f"the torch optimiser uses {flag}=True, which ours does not have")
-    lr, betas, eps = (_shared(groups, k) for k in ("lr", "betas", "eps"))
-    decaying = [g for g in groups if g["weight_decay"] > 0]
-    weight_decay = _shared(decaying, "weight_decay") if decaying else 0.0
-    group_of = {id(p): g for g in groups for p in g["params"]}
-    names = interop.torch_names(model)
+    hyperparameters = _hyperparameters(torch_opt)  # refuses another optimiser first
+    names = interop.torch_names(model)  # ours -> (torch's, transposed)
     twin_params = dict(twin.named_parameters())
-    ungrouped = sorted(t for t, _ in names.values() if id(twin_params[t]) not in group_of)
-    if ungrouped:
-        raise ValueError(f"parameters {ungrouped} are in no group of the torch optimiser")
-    decay = frozenset(n for n, (t, _) in names.items()
-                      if group_of[id(twin_params[t])]["weight_decay"] > 0)
-    optimizer = (AdamW if type(torch_opt) is torch.optim.AdamW else Adam)(
-        lr=float(lr), betas=tuple(float(b) for b in betas), eps=float(eps),
-        weight_decay=float(weight_decay), decay=decay, backend=backend)
-    states = [torch_opt.state.get(twin_params[t], {}) for t, _ in names.values()]
-    steps = {int(s["step"]) for s in states if s}
-    if len(steps) > 1 or (steps and not all(states)):
-        raise ValueError(f"the parameters' step counts differ ({sorted(steps)}, or some have "
-                         f"no state); ours has one step count")
-    if steps:
-        m = {t: s["exp_avg"] for (t, _), s in zip(names.values(), states, strict=True)}
-        v = {t: s["exp_avg_sq"] for (t, _), s in zip(names.values(), states, strict=True)}
+    kind = AdamW if type(torch_opt) is torch.optim.AdamW else Adam
+    optimizer = kind(**hyperparameters, decay=_decayed(torch_opt, twin_params, names),
+                     backend=backend)
+    state = _step_and_moments(torch_opt, twin_params, [t for t, _ in names.values()])
+    if state is not None:
+        t, m, v = state
         optimizer.load_state_dict({
-            "t": steps.pop(), "lr": optimizer.lr, "beta1": optimizer.betas[0],
+            "t": t, "lr": optimizer.lr, "beta1": optimizer.betas[0],
             "beta2": optimizer.betas[1], "eps": optimizer.eps,
             "weight_decay": optimizer.weight_decay,
             "m": interop.from_torch_layout(model, m), "v": interop.from_torch_layout(model, v)})
