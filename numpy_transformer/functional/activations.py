@@ -40,20 +40,26 @@ def erf(x: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- ReLU
 def relu_forward(x: np.ndarray):
-    """``out = max(x, 0)``. Returns ``(out, cache)``; the cache is the input."""
-    return np.maximum(x, 0), x
+    """``out = max(x, 0)``. Returns ``(out, cache)``; the cache is ``out`` itself, which is
+    positive exactly where x is (do not write into it before the backward)."""
+    out = np.maximum(x, 0)
+    return out, out
 
 
-def relu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """``dx = dout * [x > 0]`` (the subgradient 0 is used at x = 0, as PyTorch does)."""
-    check_shaped("dout", dout, x.shape)
-    return dout * (x > 0)
+def relu_backward(dout: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``dx = dout * [x > 0] = dout * [out > 0]`` (the subgradient 0 is used at x = 0, as
+    PyTorch does)."""
+    check_shaped("dout", dout, out.shape)
+    return dout * (out > 0)
 
 
 # ----------------------------------------------------------------------------- GELU (erf)
 def gelu_forward(x: np.ndarray):
-    """Exact GELU, ``out = x * Phi(x)`` with ``Phi(x) = (1 + erf(x / sqrt 2)) / 2``."""
-    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0))), x
+    """Exact GELU, ``out = x * Phi(x)`` with ``Phi(x) = (1 + erf(x / sqrt 2)) / 2``.
+
+    Returns ``(out, cache)``; the cache is a copy of x (the caller may write into its own).
+    """
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0))), x.copy()
 
 
 def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -72,10 +78,10 @@ _A = 0.044715
 def gelu_tanh_forward(x: np.ndarray):
     """Tanh-approximated GELU, ``out = x/2 (1 + tanh(u))`` with ``u = K (x + A x^3)``.
 
-    Returns ``(out, cache)`` with cache ``(x, tanh(u))``.
+    Returns ``(out, cache)`` with cache ``(x, tanh(u))``, x copied.
     """
     th = np.tanh(_K * (x + _A * x**3))
-    return 0.5 * x * (1.0 + th), (x, th)
+    return 0.5 * x * (1.0 + th), (x.copy(), th)
 
 
 def gelu_tanh_backward(dout: np.ndarray, cache) -> np.ndarray:
@@ -87,9 +93,10 @@ def gelu_tanh_backward(dout: np.ndarray, cache) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- SiLU / SwiGLU
 def silu_forward(x: np.ndarray):
-    """``out = x * sigmoid(x)``. Returns ``(out, cache)`` with cache ``(x, sigmoid(x))``."""
+    """``out = x * sigmoid(x)``. Returns ``(out, cache)`` with cache ``(x, sigmoid(x))``, x
+    copied."""
     sig = 1.0 / (1.0 + np.exp(-x))
-    return x * sig, (x, sig)
+    return x * sig, (x.copy(), sig)
 
 
 def silu_backward(dout: np.ndarray, cache) -> np.ndarray:
@@ -100,7 +107,7 @@ def silu_backward(dout: np.ndarray, cache) -> np.ndarray:
 
 
 class SwiGLUCache(NamedTuple):
-    up: np.ndarray  # (..., F)
+    up: np.ndarray  # (..., F) a copy of the input up
     silu_gate: np.ndarray  # (..., F) silu(gate)
     silu_cache: tuple
 
@@ -114,7 +121,7 @@ def swiglu_forward(gate: np.ndarray, up: np.ndarray):
     """
     check_shaped("up", up, np.shape(gate), what="gate")
     a, silu_cache = silu_forward(gate)  # (1)
-    return a * up, SwiGLUCache(up, a, silu_cache)  # (2)
+    return a * up, SwiGLUCache(up.copy(), a, silu_cache)  # (2)
 
 
 def swiglu_backward(dout: np.ndarray, cache: SwiGLUCache):

@@ -13,7 +13,7 @@ __all__ = ['embedding_forward', 'embedding_backward']
 
 
 class EmbeddingCache(NamedTuple):
-    ids: np.ndarray  # (B, T) int
+    ids: np.ndarray  # (B, T) int, a copy of the caller's
     table_shape: tuple[int, int]  # (V, C)
     dtype: np.dtype
 
@@ -50,7 +50,7 @@ def embedding_forward(ids: np.ndarray, table: np.ndarray):
     """
     check_float("table", table, ndim=2)
     ids = check_embedding_ids(ids, table)
-    return table[ids], EmbeddingCache(ids, table.shape, table.dtype)
+    return table[ids], EmbeddingCache(ids.copy(), table.shape, table.dtype)
 
 
 def embedding_backward(dout: np.ndarray, cache: EmbeddingCache) -> np.ndarray:

@@ -91,11 +91,11 @@ def lstm_forward(x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None, w_
     Returns
     -------
     out : ndarray of shape (B, T, H)
-        The hidden states h_1 .. h_T. The cache holds this very array: do not write into it
-        before the backward.
+        The hidden states h_1 .. h_T, kept by the cache: do not write into them before the backward.
     (h_T, c_T) : tuple of ndarray of shape (B, H)
         The state after the last step (copies), to carry into the next forward.
     cache : LSTMCache
+        It keeps copies of x, h0, c0, w_ih, w_hh: the caller may then write into its arrays.
 
     Raises
     ------
@@ -111,18 +111,15 @@ def lstm_forward(x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None, w_
     (3) c_t = f_t ⊙ c_{t-1} + i_t ⊙ g_t
     (4) h_t = o_t ⊙ tanh(c_t)
 
-    The input part of (1), x_t W_ih + b, does not depend on the recurrence: it is one matrix
-    product for all T steps at once, (B T, C) by (C, 4H). Only h_{t-1} W_hh waits for the
-    previous step.
+    The input part of (1), x_t W_ih + b, is one product (B T, C) by (C, 4H) for all T steps
+    at once: only h_{t-1} W_hh waits for the previous step.
     """
     bsz, t_len, _, hidden = check_lstm_inputs(x, h0, c0, w_ih, w_hh, b)
-    h0 = np.zeros((bsz, hidden), x.dtype) if h0 is None else h0
-    c0 = np.zeros((bsz, hidden), x.dtype) if c0 is None else c0
+    h0, c0 = (np.zeros((bsz, hidden), x.dtype) if s is None else s.copy() for s in (h0, c0))
+    x, w_ih, w_hh = x.copy(), w_ih.copy(), w_hh.copy()  # the cache's own: see Returns
     z_in = x @ w_ih + b  # (1) the input part for every step at once: (B, T, 4H)
-    gates = np.empty((bsz, t_len, 4 * hidden), dtype=x.dtype)  # (B, T, 4H)
-    c = np.empty((bsz, t_len, hidden), dtype=x.dtype)  # (B, T, H)
-    tanh_c = np.empty((bsz, t_len, hidden), dtype=x.dtype)  # (B, T, H)
-    h = np.empty((bsz, t_len, hidden), dtype=x.dtype)  # (B, T, H)
+    gates, c, tanh_c, h = (np.empty((bsz, t_len, n), x.dtype)  # (B, T, 4H), then (B, T, H)
+                           for n in (4 * hidden, hidden, hidden, hidden))
     h_prev, c_prev = h0, c0
     for t in range(t_len):
         z = z_in[:, t] + h_prev @ w_hh  # (1) (B, 4H)

@@ -29,7 +29,7 @@ def check_norm_inputs(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None)
 
 class LayerNormCache(NamedTuple):
     x_hat: np.ndarray  # (..., C) normalised input
-    w: np.ndarray  # (C,)
+    w: np.ndarray  # (C,) a copy of the gain
     rstd: np.ndarray  # (..., 1) 1 / sqrt(var + eps)
 
 
@@ -60,7 +60,7 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
     var = (xc * xc).mean(axis=-1, keepdims=True)
     rstd = 1.0 / np.sqrt(var + x.dtype.type(eps))  # (2)
     x_hat = xc * rstd
-    return x_hat * w + b, LayerNormCache(x_hat, w, rstd)  # (3)
+    return x_hat * w + b, LayerNormCache(x_hat, w.copy(), rstd)  # (3)
 
 
 def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
@@ -81,7 +81,7 @@ def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
 
 class RMSNormCache(NamedTuple):
     x_hat: np.ndarray  # (..., C) x / rms(x)
-    w: np.ndarray  # (C,)
+    w: np.ndarray  # (C,) a copy of the gain
     rrms: np.ndarray  # (..., 1) 1 / sqrt(mean x^2 + eps)
 
 
@@ -108,7 +108,7 @@ def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
     eps = np.finfo(x.dtype).eps if eps is None else eps
     rrms = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + x.dtype.type(eps))  # (1)
     x_hat = x * rrms  # (2)
-    return x_hat * w, RMSNormCache(x_hat, w, rrms)  # (3)
+    return x_hat * w, RMSNormCache(x_hat, w.copy(), rrms)  # (3)
 
 
 def rms_norm_backward(dout: np.ndarray, cache: RMSNormCache):

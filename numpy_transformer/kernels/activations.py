@@ -2,7 +2,8 @@
 
 Same contract as the readable reference (checked against it in ``tests/test_kernels_step.py``):
 ``out, cache = relu_forward(x)``, ``dx = relu_backward(dout, cache)``, and the same for
-``gelu_forward`` / ``gelu_backward``; the cache is the input ``x``, as in the reference.
+``gelu_forward`` / ``gelu_backward``; the cache is, as in the reference, ReLU's output (positive
+exactly where x is) and a copy of GELU's input, written in the forward's own pass.
 
 The reference GELU makes six whole-array passes forward (divide, erf, add, multiply, ...) and
 about ten backward (erf and exp again); ReLU's backward builds a boolean mask and multiplies.
@@ -49,25 +50,26 @@ def _relu_forward_kernel(x, out):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, **_JIT)
-def _relu_backward_kernel(dout, x, dx):  # pragma: no cover - compiled
-    for i in prange(x.size):
-        dx[i] = dout[i] if x[i] > 0 else 0.0 * dout[i]  # dx = dout [x > 0] (0 * NaN stays NaN)
+def _relu_backward_kernel(dout, out, dx):  # pragma: no cover - compiled
+    for i in prange(out.size):
+        # dx = dout [x > 0] = dout [out > 0] (0 * NaN stays NaN)
+        dx[i] = dout[i] if out[i] > 0 else 0.0 * dout[i]
 
 
 def relu_forward(x: np.ndarray):
-    """``out = max(x, 0)``; returns ``(out, x)`` as ``functional.activations.relu_forward``."""
+    """``out = max(x, 0)``; returns ``(out, out)`` as ``functional.activations.relu_forward``."""
     check_kernel_float("x", x)
     out = np.empty(x.shape, dtype=x.dtype)
     _relu_forward_kernel(_flat(x), out.reshape(-1))
-    return out, x
+    return out, out
 
 
-def relu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """``dx = dout * [x > 0]``; dout must have x's shape and dtype."""
-    check_kernel_float("x", x)
-    check_shaped("dout", dout, x.shape, x.dtype)
-    dx = np.empty(x.shape, dtype=x.dtype)
-    _relu_backward_kernel(_flat(dout), _flat(x), dx.reshape(-1))
+def relu_backward(dout: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``dx = dout * [out > 0]``, ``out`` the forward's; dout must have its shape and dtype."""
+    check_kernel_float("out", out)
+    check_shaped("dout", dout, out.shape, out.dtype)
+    dx = np.empty(out.shape, dtype=out.dtype)
+    _relu_backward_kernel(_flat(dout), _flat(out), dx.reshape(-1))
     return dx
 
 
@@ -115,9 +117,10 @@ def _erf_f32_array(x, out):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, **_JIT)
-def _gelu_forward_f64(x, out):  # pragma: no cover - compiled
+def _gelu_forward_f64(x, out, x_own):  # pragma: no cover - compiled
     for i in prange(x.size):
         out[i] = 0.5 * x[i] * (1.0 + math.erf(x[i] * _INV_SQRT2))  # x Phi(x)
+        x_own[i] = x[i]  # the cache's copy
 
 
 @njit(parallel=True, **_JIT)
@@ -129,10 +132,11 @@ def _gelu_backward_f64(dout, x, dx):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, **_JIT)
-def _gelu_forward_f32(x, out):  # pragma: no cover - compiled
+def _gelu_forward_f32(x, out, x_own):  # pragma: no cover - compiled
     half, one, c = np.float32(0.5), np.float32(1.0), np.float32(_INV_SQRT2)
     for i in prange(x.size):
         out[i] = half * x[i] * (one + _erf_f32(x[i] * c))  # x Phi(x)
+        x_own[i] = x[i]  # the cache's copy
 
 
 @njit(parallel=True, **_JIT)
@@ -152,12 +156,13 @@ def _gelu_backward_f32(dout, x, dx):  # pragma: no cover - compiled
 
 
 def gelu_forward(x: np.ndarray):
-    """Exact GELU ``x Phi(x)``; returns ``(out, x)`` as ``functional.activations.gelu_forward``."""
+    """Exact GELU ``x Phi(x)``; returns ``(out, copy of x)`` as
+    ``functional.activations.gelu_forward``."""
     check_kernel_float("x", x)
-    out = np.empty(x.shape, dtype=x.dtype)
+    out, x_own = np.empty(x.shape, dtype=x.dtype), np.empty(x.shape, dtype=x.dtype)
     kernel = _gelu_forward_f32 if x.dtype == np.float32 else _gelu_forward_f64
-    kernel(_flat(x), out.reshape(-1))
-    return out, x
+    kernel(_flat(x), out.reshape(-1), x_own.reshape(-1))
+    return out, x_own
 
 
 def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:

@@ -70,7 +70,7 @@ def embeddings_forward(ids: np.ndarray, table: np.ndarray, scale: float = 1.0,
     -------
     out : ndarray of shape (B, T, C), table's dtype
     cache : EmbeddingCache
-        As ``functional.embedding.embedding_forward``'s.
+        As ``functional.embedding.embedding_forward``'s (its ids a copy, as int64).
 
     Raises
     ------
@@ -86,8 +86,8 @@ def embeddings_forward(ids: np.ndarray, table: np.ndarray, scale: float = 1.0,
         check_shaped("positions", positions, (ids.shape[1], table.shape[1]), table.dtype,
                      what="(T, C) of ids and table, in the table's dtype")
     out = np.empty(ids.shape + table.shape[1:], dtype=table.dtype)  # (B, T, C)
-    _lookup_rows(ids.reshape(-1).astype(np.int64, copy=False), table,
-                 table.dtype.type(scale),
+    ids = ids.astype(np.int64)  # the kernel's dtype, and a copy the cache owns
+    _lookup_rows(ids.reshape(-1), table, table.dtype.type(scale),
                  np.ascontiguousarray(positions) if has_positions else table[:1],
                  has_positions, out.reshape(-1, table.shape[1]))
     return out, EmbeddingCache(ids, table.shape, table.dtype)

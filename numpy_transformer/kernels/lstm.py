@@ -68,11 +68,11 @@ def _tanh(z, one):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, **_JIT)
-def _forward_kernel(x2, h0, c0, w_ih, w_hh, b, n_chunks, gemm_fn, z2, h2, c2, tc2):
+def _forward_kernel(x2, h0, c0, w_ih, w_hh, b, n_chunks, gemm_fn, x_own, z2, h2, c2, tc2):
     # pragma: no cover - compiled
     # x2: (B T, C), row b T + t is x_t of sequence b; h0, c0: (B, H); w_ih: (C, 4H);
-    # w_hh: (H, 4H); b: (4H,) -> z2: (B T, 4H) gates, h2, c2, tc2 = tanh(c2): (B T, H),
-    # rows as x2's
+    # w_hh: (H, 4H); b: (4H,) -> x_own: (B T, C) the cache's copy of x2; z2: (B T, 4H)
+    # gates, h2, c2, tc2 = tanh(c2): (B T, H), rows as x2's
     bsz, hidden = h0.shape
     t_len = z2.shape[0] // bsz
     one = z2.dtype.type(1)
@@ -80,8 +80,11 @@ def _forward_kernel(x2, h0, c0, w_ih, w_hh, b, n_chunks, gemm_fn, z2, h2, c2, tc
     for k in prange(n_chunks):
         lo, hi = k * step, min(bsz, (k + 1) * step)
         r0, r1 = lo * t_len, hi * t_len
+        for q in range(r0, r1):  # the chunk's rows of x, copied while they pass through cache
+            for j in range(x2.shape[1]):
+                x_own[q, j] = x2[q, j]
         z = z2[r0:r1]
-        gemm(x2[r0:r1], w_ih, z, gemm_fn)  # (1) x_t W_ih, every step of the chunk at once
+        gemm(x_own[r0:r1], w_ih, z, gemm_fn)  # (1) x_t W_ih, every step of the chunk at once
         for q in range(r1 - r0):
             for j in range(4 * hidden):
                 z[q, j] += b[j]  # (1) + b
@@ -110,9 +113,9 @@ def _forward_kernel(x2, h0, c0, w_ih, w_hh, b, n_chunks, gemm_fn, z2, h2, c2, tc
 def _backward_kernel(dout2, x2, h0, c0, w_ih_t, w_hh_t, gates2, h2, c2, tc2, n_chunks,
                      gemm_fn, dh, dc, dz2, dx2, dw_ih_part, dw_hh_part, db_part):
     # pragma: no cover - compiled
-    # rows as in _forward_kernel; w_ih_t (4H, C) and w_hh_t (4H, H) are C-contiguous copies
-    # of the transposed weights (a product with them runs 1.4x faster than with the
-    # transposed views). dh, dc: (B, H) hold dh_T, dc_T on entry and dh0, dc0 on exit.
+    # rows as in _forward_kernel; w_ih_t (4H, C) and w_hh_t (4H, H) are the C-contiguous
+    # transposed weights (a product with them runs 1.4x faster than with the transposed
+    # views). dh, dc: (B, H) hold dh_T, dc_T on entry and dh0, dc0 on exit.
     # Out: dz2 (B T, 4H), dx2 (B T, C), per chunk dw_ih_part (chunks, C, 4H), dw_hh_part
     # (chunks, H, 4H), db_part (chunks, 4H) float64
     bsz, hidden = h0.shape
@@ -178,7 +181,10 @@ def lstm_forward(x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
     """One LSTM layer over a batch of sequences; see ``functional.lstm.lstm_forward``.
 
     Non-contiguous arguments are copied to C order first; a bad one raises ``ValueError``
-    naming it, before any compiled code runs.
+    naming it, before any compiled code runs. The cache owns its arrays, as the reference's:
+    the kernel copies x while it reads it; the weights are kept as the C-contiguous
+    transposes the backward multiplies with (made here instead of there), seen through ``.T``
+    with the reference's shapes; h0 and c0 are copies.
     """
     bsz, t_len, c_in, hidden = check_lstm_inputs(x, h0, c0, w_ih, w_hh, b)
     _check_dtype(x)
@@ -186,17 +192,19 @@ def lstm_forward(x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
     x, w_ih, w_hh, b = (np.ascontiguousarray(a) for a in (x, w_ih, w_hh, b))
     h0 = _state("h0", h0, (bsz, hidden), dtype)
     c0 = _state("c0", c0, (bsz, hidden), dtype)
+    x_own = np.empty_like(x)  # (B, T, C), filled by the kernel
     gates = np.empty((bsz, t_len, 4 * hidden), dtype)  # (B, T, 4H)
     h = np.empty((bsz, t_len, hidden), dtype)  # (B, T, H)
     c = np.empty((bsz, t_len, hidden), dtype)
     tanh_c = np.empty((bsz, t_len, hidden), dtype)
     with blas_on_calling_thread():
         _forward_kernel(x.reshape(-1, c_in), h0, c0, w_ih, w_hh, b, _chunks(bsz),
-                        gemm_address(dtype), gates.reshape(-1, 4 * hidden),
-                        h.reshape(-1, hidden), c.reshape(-1, hidden),
-                        tanh_c.reshape(-1, hidden))
+                        gemm_address(dtype), x_own.reshape(-1, c_in),
+                        gates.reshape(-1, 4 * hidden), h.reshape(-1, hidden),
+                        c.reshape(-1, hidden), tanh_c.reshape(-1, hidden))
+    w_ih_t, w_hh_t = (np.array(w.T, order="C") for w in (w_ih, w_hh))  # (4H, C), (4H, H)
     final = (h[:, -1].copy(), c[:, -1].copy())
-    return h, final, LSTMCache(x, h0, c0, w_ih, w_hh, gates, c, tanh_c, h)
+    return h, final, LSTMCache(x_own, h0, c0, w_ih_t.T, w_hh_t.T, gates, c, tanh_c, h)
 
 
 def lstm_backward(dout: np.ndarray, dh_T: np.ndarray | None, dc_T: np.ndarray | None,

@@ -178,7 +178,7 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
     -------
     out : ndarray of shape (..., C)
     cache : LayerNormCache
-        ``x_hat`` (..., C), ``w`` (C,), ``rstd`` (..., 1), as the reference's.
+        ``x_hat`` (..., C), ``w`` (C,) copied, ``rstd`` (..., 1), as the reference's.
     """
     _check_inputs(x, w, b, eps)
     x2 = _rows(x)  # (N, C)
@@ -187,7 +187,7 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
     _layer_norm_forward_kernel(x2, w.astype(x.dtype, copy=False), b.astype(x.dtype, copy=False),
                                float(eps), _ROWS, out, x_hat, rstd)
     return (out.reshape(x.shape),
-            LayerNormCache(x_hat.reshape(x.shape), w, rstd.reshape(x.shape[:-1] + (1,))))
+            LayerNormCache(x_hat.reshape(x.shape), w.copy(), rstd.reshape(x.shape[:-1] + (1,))))
 
 
 def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
@@ -279,7 +279,7 @@ def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
     _rms_norm_forward_kernel(x2, w.astype(x.dtype, copy=False), float(eps), _ROWS, out, x_hat,
                              rrms)
     return (out.reshape(x.shape),
-            RMSNormCache(x_hat.reshape(x.shape), w, rrms.reshape(x.shape[:-1] + (1,))))
+            RMSNormCache(x_hat.reshape(x.shape), w.copy(), rrms.reshape(x.shape[:-1] + (1,))))
 
 
 def rms_norm_backward(dout: np.ndarray, cache: RMSNormCache):
