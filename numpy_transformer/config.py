@@ -58,8 +58,7 @@ class TransformerConfig:
     max_len: int  # longest sequence accepted; rows of the sinusoidal/learned/rope tables
     #   (ALiBi has no table: to test on longer inputs, load the weights into a larger max_len)
     norm: str = "layernorm"  # or "rmsnorm" (LLaMA); the original and GPT-2 use LayerNorm
-    activation: str = "gelu"  # exact GELU as BERT/GPT-2; "relu" (Vaswani), "gelu_tanh",
-    #   "silu" (SiLU/Swish, Ramachandran et al.), "swiglu" (gated, LLaMA): see ACTIVATIONS
+    activation: str = "gelu"  # exact GELU as BERT/GPT-2; "relu" (Vaswani), ...: ACTIVATIONS
     positions: str = "sinusoidal"  # Vaswani's fixed table; "learned", "rope", "alibi", "none"
     norm_first: bool = True  # pre-LN: trains without warmup (Xiong et al.); False = post-LN
     dropout: float = 0.0  # off: makes runs exactly repeatable, as in the chapter's experiment

@@ -64,7 +64,7 @@ def test_an_activation_has_its_pair_its_gradcheck_row_and_its_twin(name, rows):
 
 def test_the_parts_check_names_what_an_activation_lacks(rows):
     """Negative control: an activation nobody wrote lacks all three parts."""
-    missing = missing_parts_of_activation("leaky_relu", rows)
+    missing = missing_parts_of_activation("no_such_activation", rows)
     assert [part.split()[0] for part in missing] == ["functional", "gradcheck", "PyTorch"]
 
 
@@ -90,7 +90,7 @@ def test_a_positional_scheme_has_its_gradcheck_row_and_its_twin(positions, rows)
 
 def test_the_twins_refuse_a_name_they_do_not_know():
     twins = _twins()
-    for build in (lambda: twins.FeedForward(4, 6, "leaky_relu"),
+    for build in (lambda: twins.FeedForward(4, 6, "no_such_activation"),
                   lambda: twins.make_norm("batchnorm", 4),
                   lambda: twins.Embeddings(replace(tiny_config(), positions="spiral"))):
         with pytest.raises(ValueError, match="no PyTorch twin"):
