@@ -22,7 +22,7 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
 GATED_ACTIVATIONS = ("swiglu",)
 ELEMENTWISE_ACTIVATIONS = tuple(a for a in ACTIVATIONS if a not in GATED_ACTIVATIONS)
 # Each norm, and the stem of its functional pair (``layer_norm_forward`` / ``_backward``); its
-# module is chosen in ``nn/layers.py``'s ``make_norm``, its twin in ``torch_twins/modules.py``'s
+# module is chosen in ``nn/layers.py``'s ``make_norm``, its twin in ``torch_twins/modules.py``
 NORM_PAIRS = {"layernorm": "layer_norm", "rmsnorm": "rms_norm"}
 NORMS = tuple(NORM_PAIRS)
 # Where each acts is the scheme itself (a table added to the tokens, a rotation of queries and
