@@ -6,13 +6,13 @@
 takes it once, when it is built (a model from its config), and calls the operations through
 it; nothing else in the library chooses an implementation.
 
-* ``"numpy"``: every operation is the readable reference of ``numpy_transformer/functional``,
-  including the compositions of ``functional/fused.py`` that the kernels fuse. Nothing here
-  imports Numba.
+* ``"numpy"``: every operation is the readable reference of ``numpy_transformer/functional``
+  (every name of its files' ``__all__``), including the compositions of ``functional/fused.py``
+  that the kernels fuse. Nothing here imports Numba.
 * ``"numba"``: the same namespace, with the operations that ``numpy_transformer/kernels``
-  implements (each kernel module's ``__all__``) in place of their references. A kernel has its
-  reference's name and signature and returns what it returns; the tests hold every kernel to
-  that, and to its reference's numbers.
+  implements (the ``__all__`` of each module of ``config.KERNEL_MODULES``) in place of their
+  references. A kernel has its reference's name and signature and returns what it returns;
+  the tests hold every kernel to that, and to its reference's numbers.
 
 The environment variable ``NUMPY_TRANSFORMER_KERNELS`` limits the ``"numba"`` backend to the
 kernels it names, comma-separated: a kernel module takes all its operations (``attention``),
@@ -36,14 +36,10 @@ import os
 from collections.abc import Callable
 from types import ModuleType, SimpleNamespace
 
+from . import functional
 from ._checks import check_choice
-from .config import BACKENDS, DEFAULT_BACKEND
+from .config import BACKENDS, DEFAULT_BACKEND, KERNEL_MODULES
 
-# The modules whose ``__all__`` make up a backend: the references, then the kernels over them.
-REFERENCE_MODULES = ("activations", "adam", "attention", "embedding", "fused", "linear",
-                     "lstm", "norms", "positional", "softmax")
-KERNEL_MODULES = ("activations", "adam", "attention", "embedding", "feedforward", "linear",
-                  "lstm", "norms", "residual", "softmax")
 KERNELS_VARIABLE = "NUMPY_TRANSFORMER_KERNELS"
 
 
@@ -93,13 +89,13 @@ def kernel_selection() -> tuple[str, ...]:
     return names
 
 
-def _operations(package: str, names: tuple[str, ...]) -> dict[str, Callable]:
-    """The operations of ``package``'s modules ``names``: a module's ``__all__``, or for an
-    entry ``module.operation`` that one operation."""
+def _kernels(names: tuple[str, ...]) -> dict[str, Callable]:
+    """The kernels of the modules ``names``: a module's ``__all__``, or for an entry
+    ``module.operation`` that one operation."""
     ops = {}
     for name in names:
         module_name, _, operation = name.partition(".")
-        module: ModuleType = importlib.import_module(f"{__package__}.{package}.{module_name}")
+        module: ModuleType = importlib.import_module(f"{__package__}.kernels.{module_name}")
         ops.update((op, getattr(module, op)) for op in ((operation,) if operation
                                                         else module.__all__))
     return ops
@@ -107,9 +103,9 @@ def _operations(package: str, names: tuple[str, ...]) -> dict[str, Callable]:
 
 @functools.cache
 def _build(name: str) -> Backend:
-    ops = _operations("functional", REFERENCE_MODULES)
+    ops = {op: getattr(functional, op) for op in functional.__all__}
     if name == "numba":  # imported only now: the first import compiles or loads the kernels
-        ops.update(_operations("kernels", kernel_selection()))
+        ops.update(_kernels(kernel_selection()))
     return Backend(name=name, **ops)
 
 

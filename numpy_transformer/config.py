@@ -1,25 +1,40 @@
 """``TransformerConfig``, ``LSTMConfig`` and the names of every choice they offer: the one place
 they are defined.
 
-The modules, the backend seam and the command line all read the names below; none of them
-keeps its own list. Adding a choice starts here (``docs/architecture.md`` has the recipe).
+The lists below are the registries of the library: the modules, the backend seam, the command
+line, the gradient-check tables, the PyTorch twins, the compile workers and the tests all
+iterate over them; none keeps a list of its own. Adding a choice starts here
+(``docs/architecture.md``, "Where a new piece goes", has the recipes; ``tests/test_registry.py``
+fails while a registered name lacks one of its parts).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-NORMS = ("layernorm", "rmsnorm")
-# Elementwise (relu, gelu, gelu_tanh) or gated (swiglu). The feed-forward network takes the
-# pair ``<name>_forward`` / ``<name>_backward`` of its backend, so a new elementwise activation
-# is its functional pair plus its name here.
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
+# The feed-forward network takes the pair ``<name>_forward`` / ``<name>_backward`` of its
+# backend (``functional/activations.py``, a kernel where one is written) and the PyTorch twin
+# the function ``<name>`` of ``torch_twins/ops.py``: an elementwise activation is those two
+# functions and its name here.
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
 # The gated ones: their pair takes two inputs, ``<name>_forward(gate, up)``, and the feed-forward
 # network gives them a third matrix, ``gate`` (Shazeer 2020).
 GATED_ACTIVATIONS = ("swiglu",)
+ELEMENTWISE_ACTIVATIONS = tuple(a for a in ACTIVATIONS if a not in GATED_ACTIVATIONS)
+# Each norm, and the stem of its functional pair (``layer_norm_forward`` / ``_backward``); its
+# module is chosen in ``nn/layers.py``'s ``make_norm``, its twin in ``torch_twins/modules.py``
+NORM_PAIRS = {"layernorm": "layer_norm", "rmsnorm": "rms_norm"}
+NORMS = tuple(NORM_PAIRS)
+# Where each acts is the scheme itself (a table added to the tokens, a rotation of queries and
+# keys, a bias of the scores): ``nn/models.py`` and ``nn/attention.py`` wire them
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
 DTYPES = ("float32", "float64")
 BACKENDS = ("numpy", "numba")  # numpy_transformer.backend builds each one's operations
+# The modules of numpy_transformer/kernels whose ``__all__`` the "numba" backend lays over the
+# references (kernels under their references' names); every other file of that folder is a
+# helper the kernels compile into themselves (``kernels/_jit.py``)
+KERNEL_MODULES = ("activations", "adam", "attention", "embedding", "feedforward", "linear",
+                  "lstm", "norms", "residual", "softmax")
 EXPORT_FORMATS = ("safetensors", "hf")  # what numpy_transformer.export writes: PyTorch, HF
 # the training-step benchmarks' configurations (numpy_transformer/bench/train_step.py)
 BENCH_CONFIGS = ("chapter", "small", "wide", "long", "lstm")
@@ -43,7 +58,7 @@ class TransformerConfig:
     max_len: int  # longest sequence accepted; rows of the sinusoidal/learned/rope tables
     #   (ALiBi has no table: to test on longer inputs, load the weights into a larger max_len)
     norm: str = "layernorm"  # or "rmsnorm" (LLaMA); the original and GPT-2 use LayerNorm
-    activation: str = "gelu"  # exact GELU as BERT/GPT-2; "relu" (Vaswani), "gelu_tanh", "swiglu"
+    activation: str = "gelu"  # exact GELU as BERT/GPT-2; "relu" (Vaswani), ...: ACTIVATIONS
     positions: str = "sinusoidal"  # Vaswani's fixed table; "learned", "rope", "alibi", "none"
     norm_first: bool = True  # pre-LN: trains without warmup (Xiong et al.); False = post-LN
     dropout: float = 0.0  # off: makes runs exactly repeatable, as in the chapter's experiment

@@ -11,15 +11,21 @@ of the same functions, held to the references' numbers by the test suite
 (``tests/test_kernel*.py``) and in training. Checking the models on the numba backend would
 also compile every kernel in float64 (about half a minute on two cores, before any check
 runs) and prove nothing more about the hand-written gradients.
+
+The choices come from the registries of ``numpy_transformer.config``: every activation and
+every norm has its row among the ops, every positional scheme its model among the models, so
+a name added there is checked here without an edit.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from . import functional as F
+from .config import ACTIVATIONS, GATED_ACTIVATIONS, NORM_PAIRS, POSITIONS
 from .gradcheck import GradcheckReport, check_direction, check_module, check_op
 
 
@@ -45,18 +51,20 @@ def op_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckReport
                            title="linear")
     yield lambda: check_op(lambda t: F.embedding_forward(ids, t), F.embedding_backward,
                            {"table": rng.normal(size=(5, 4))}, title="embedding (repeated ids)")
-    for name in ("relu", "gelu", "gelu_tanh", "silu"):
+    for name in ACTIVATIONS:  # elementwise: x; gated: gate and up (config.GATED_ACTIVATIONS)
         fwd, bwd = getattr(F, f"{name}_forward"), getattr(F, f"{name}_backward")
-        yield lambda fwd=fwd, bwd=bwd, name=name: check_op(fwd, bwd, {"x": x.copy()}, title=name)
-    yield lambda: check_op(F.swiglu_forward, F.swiglu_backward,
-                           {"gate": x.copy(), "up": rng.normal(size=x.shape)}, title="swiglu")
+        gated = name in GATED_ACTIVATIONS
+        yield lambda fwd=fwd, bwd=bwd, name=name, gated=gated: check_op(
+            fwd, bwd, {"gate": x.copy(), "up": rng.normal(size=x.shape)} if gated
+            else {"x": x.copy()}, title=name)
     yield lambda: check_op(F.softmax_forward, F.softmax_backward, {"x": x.copy()}, title="softmax")
     yield lambda: check_op(_ce_forward(targets), F.cross_entropy_backward, {"logits": x.copy()},
                            title="cross-entropy (one ignored target)")
-    yield lambda: check_op(F.layer_norm_forward, F.layer_norm_backward,
-                           {"x": x.copy(), "w": w, "b": b}, title="layer norm")
-    yield lambda: check_op(F.rms_norm_forward, F.rms_norm_backward, {"x": x.copy(), "w": w},
-                           title="rms norm")
+    for name, stem in NORM_PAIRS.items():  # x, then the (C,) gain (and shift) the norm takes
+        fwd, bwd = getattr(F, f"{stem}_forward"), getattr(F, f"{stem}_backward")
+        arrays = [n for n, p in inspect.signature(fwd).parameters.items() if p.default is p.empty]
+        yield lambda fwd=fwd, bwd=bwd, name=name, arrays=arrays: check_op(
+            fwd, bwd, dict(zip(arrays, (x.copy(), w, b), strict=False)), title=name)
     yield lambda: check_op(lambda x: (F.rope_forward(x, cos, sin), None),
                            lambda d, _: F.rope_backward(d, cos, sin), {"x": q.copy()},
                            title="rope")
@@ -93,32 +101,49 @@ def module_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckRe
         title="decoder block (pre-LN, cross-attention, SwiGLU, RMSNorm)")
 
 
-def model_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckReport]]:
-    """The three model families, tiny, every parameter; and one random-direction check each
-    (on the readable references, as the modules: see the module docstring)."""
-    from .nn import DecoderLM, EncoderClassifier, EncoderDecoder, TransformerConfig
+def _tiny(**choices):
+    """The tiny TransformerConfig of the model checks, on the readable references."""
+    from .nn import TransformerConfig
 
-    def config(**kw) -> TransformerConfig:
-        return TransformerConfig(**{**dict(vocab=7, width=8, heads=2, layers=2, ffn_width=16,
-                                           max_len=5, num_classes=4, backend="numpy"), **kw})
+    return TransformerConfig(**{**dict(vocab=7, width=8, heads=2, layers=2, ffn_width=16,
+                                       max_len=5, num_classes=4, backend="numpy"), **choices})
+
+
+def model_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckReport]]:
+    """The three model families, tiny, every parameter; one random-direction check each; and
+    :func:`positional_checks` (on the readable references, as the modules: see the module
+    docstring)."""
+    from .nn import DecoderLM, EncoderClassifier, EncoderDecoder
 
     tokens, src = rng.integers(0, 7, size=(2, 5)), rng.integers(0, 7, size=(2, 4))
     models = (
         ("encoder-only classifier (learned positions, post-LN)",
-         EncoderClassifier(config(positions="learned", norm_first=False)), {"tokens": tokens}),
+         EncoderClassifier(_tiny(positions="learned", norm_first=False)), {"tokens": tokens}),
         ("decoder-only LM (sinusoidal, tied embeddings)",
-         DecoderLM(config(tie_embeddings=True, embed_scale=True)), {"tokens": tokens}),
+         DecoderLM(_tiny(tie_embeddings=True, embed_scale=True)), {"tokens": tokens}),
         ("decoder-only LM (RoPE, SwiGLU, RMSNorm)",
-         DecoderLM(config(positions="rope", activation="swiglu", norm="rmsnorm")),
+         DecoderLM(_tiny(positions="rope", activation="swiglu", norm="rmsnorm")),
          {"tokens": tokens}),
         ("encoder-decoder (ALiBi, GELU-tanh)",
-         EncoderDecoder(config(positions="alibi", activation="gelu_tanh")),
+         EncoderDecoder(_tiny(positions="alibi", activation="gelu_tanh")),
          {"src": src, "tgt": tokens}),
     )
     for title, model, inputs in models:
         yield lambda m=model, i=inputs, t=title: check_module(m, i, title=t)
         yield lambda m=model, i=inputs, t=title: check_direction(m, i,
                                                                  title=f"{t}: random direction")
+    yield from positional_checks(tokens)
+
+
+def positional_checks(tokens: np.ndarray) -> Iterator[Callable[[], GradcheckReport]]:
+    """A decoder-only LM per positional scheme of ``config.POSITIONS``, one random direction
+    each, on the (2, 5) ``tokens``."""
+    from .nn import DecoderLM
+
+    for positions in POSITIONS:
+        yield lambda p=positions: check_direction(
+            DecoderLM(_tiny(positions=p)), {"tokens": tokens},
+            title=f"decoder-only LM (positions {p!r}): random direction")
 
 
 def lstm_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckReport]]:

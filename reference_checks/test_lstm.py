@@ -14,14 +14,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from numpy_transformer import config  # noqa: E402
 from numpy_transformer.backend import get_backend  # noqa: E402
 from numpy_transformer.nn import LSTMLM, LSTMConfig  # noqa: E402
 from numpy_transformer.torch_twins import TORCH_DTYPES  # noqa: E402
 from reference_checks import end_to_end as e2e  # noqa: E402
 from reference_checks.compare import WORST, assert_close, check_module  # noqa: E402
 
-DTYPES = [np.float32, np.float64]
-BACKENDS = ["numpy", "numba"]
+DTYPES = [getattr(np, name) for name in config.DTYPES]
+BACKENDS = config.BACKENDS
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -8,11 +8,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from numpy_transformer import nn  # noqa: E402
+from numpy_transformer import config, nn  # noqa: E402
 from numpy_transformer.functional import causal_mask, key_padding_mask  # noqa: E402
+from numpy_transformer.nn.layers import make_norm  # noqa: E402
 from reference_checks.compare import check_module  # noqa: E402
 
-DTYPES = [np.float32, np.float64]
+DTYPES = [getattr(np, name) for name in config.DTYPES]
 B, T, C, H, F = 2, 5, 8, 2, 12
 
 
@@ -31,13 +32,13 @@ def rng():
 LAYERS = {
     "Linear": lambda d: nn.Linear(C, F, dtype=d, rng=rng(), backend=REF),
     "Linear(bias=False)": lambda d: nn.Linear(C, F, bias=False, dtype=d, rng=rng(), backend=REF),
-    "LayerNorm": lambda d: nn.LayerNorm(C, dtype=d, backend=REF),
-    "RMSNorm": lambda d: nn.RMSNorm(C, dtype=d, backend=REF),
+    **{f"norm {n}": (lambda d, n=n: make_norm(n, C, dtype=d, backend=REF))
+       for n in config.NORMS},
     "SinusoidalPositions": lambda d: nn.SinusoidalPositions(7, C, dtype=d),
     "LearnedPositions": lambda d: nn.LearnedPositions(7, C, dtype=d, rng=rng()),
     **{f"FeedForward({a})": (lambda d, a=a: nn.FeedForward(C, F, a, dtype=d, rng=rng(),
                                                            backend=REF))
-       for a in ("relu", "gelu", "gelu_tanh", "swiglu")},
+       for a in config.ACTIVATIONS},
     **{f"FeedForward({a}, bias=False)": (lambda d, a=a: nn.FeedForward(
         C, F, a, bias=False, dtype=d, rng=rng(), backend=REF)) for a in ("relu", "swiglu")},
 }
@@ -177,6 +178,17 @@ def test_model(family, variant, dtype):
     _randomise_gains(model)
     args, kwargs = model_inputs(family)
     check_module(family, model, args, kwargs)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("positions", config.POSITIONS)
+def test_decoder_lm_with_each_positional_scheme(positions, dtype):
+    cfg = nn.TransformerConfig(vocab=V, width=C, heads=H, layers=1, ffn_width=F, max_len=9,
+                               positions=positions, dtype=dtype, seed=1)
+    model = nn.DecoderLM(cfg)
+    _randomise_gains(model)
+    args, kwargs = model_inputs("DecoderLM")
+    check_module("DecoderLM", model, args, kwargs)
 
 
 def test_negative_control_catches_the_mixed_gelu_bug():

@@ -13,13 +13,13 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention.bias import causal_lower_right  # noqa: E402
 
+from numpy_transformer import config, nn  # noqa: E402
 from numpy_transformer import functional as fn  # noqa: E402
-from numpy_transformer import nn  # noqa: E402
 from numpy_transformer.optim import Adam, AdamW, clip_grad_norm  # noqa: E402
 from numpy_transformer.torch_twins import tensor_of  # noqa: E402
 from reference_checks.compare import assert_close, rel_err  # noqa: E402
 
-DTYPES = [np.float32, np.float64]
+DTYPES = [getattr(np, name) for name in config.DTYPES]
 
 
 def randn(shape, dtype, seed=0):

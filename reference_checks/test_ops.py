@@ -7,12 +7,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from numpy_transformer import config  # noqa: E402
 from numpy_transformer import functional as fn  # noqa: E402
 from numpy_transformer.backend import get_backend  # noqa: E402
 from numpy_transformer.torch_twins import ops as twins  # noqa: E402
 from reference_checks.compare import assert_close  # noqa: E402
 
-DTYPES = [np.float32, np.float64]
+DTYPES = [getattr(np, name) for name in config.DTYPES]
 
 
 def randn(rng, shape, dtype):
@@ -48,7 +49,7 @@ def test_linear(dtype, bias):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("name", config.ELEMENTWISE_ACTIVATIONS)
 def test_activation(dtype, name):
     x = randn(np.random.default_rng(0), (3, 4, 6), dtype) * 3
     check_op("ops", getattr(fn, name + "_forward"), getattr(fn, name + "_backward"),

@@ -15,7 +15,12 @@ import pytest
 
 from numpy_transformer import nn
 from numpy_transformer.backend import get_backend
-from numpy_transformer.config import BACKENDS, LSTMConfig, TransformerConfig
+from numpy_transformer.config import (
+    BACKENDS,
+    ELEMENTWISE_ACTIVATIONS,
+    LSTMConfig,
+    TransformerConfig,
+)
 from numpy_transformer.data import CharTokenizer
 from numpy_transformer.functional.masks import causal_mask
 from numpy_transformer.nn.module import Module
@@ -225,7 +230,7 @@ def _ops_cases(ops):
         "lstm_backward": (lambda: _lstm_out_and_cache(ops, x),
                           lambda d, c: ops.lstm_backward(d, None, None, c)),
     }
-    for act in ("relu", "gelu", "gelu_tanh", "silu"):
+    for act in ELEMENTWISE_ACTIVATIONS:
         forward, backward = ops.activation(act)
         cases[f"{act}_backward"] = (lambda forward=forward: forward(x), backward)
     return cases, (logits, targets)

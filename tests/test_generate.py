@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from numpy_transformer.config import POSITIONS
 from numpy_transformer.generate import (
     WindowedDecoder,
     generate,
@@ -22,7 +23,6 @@ from numpy_transformer.nn import (
 )
 from numpy_transformer.nn.decoding import KVCache, new_cache
 
-POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
 TOL = {"float64": 1e-10, "float32": 1e-5}  # cached vs recomputed logits, max abs difference
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from _nn_helpers import assert_gradcheck
 
+from numpy_transformer import config
 from numpy_transformer.functional import activations as ref_act
 from numpy_transformer.functional import embedding as ref_emb
 from numpy_transformer.functional import fused as ref_fused
@@ -33,7 +34,7 @@ from numpy_transformer.nn import DecoderLM, EncoderClassifier, TransformerConfig
 from numpy_transformer.train import Batch, Trainer
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5}
-DTYPES = [np.float64, np.float32]
+DTYPES = [getattr(np, name) for name in config.DTYPES]
 SHAPES = [(3, 5, 7), (4, 84), (2, 130, 16)]  # 130 rows: more than one block of 64 rows
 
 

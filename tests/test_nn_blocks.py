@@ -5,14 +5,15 @@ import numpy as np
 import pytest
 from _nn_helpers import assert_gradcheck
 
+from numpy_transformer import config
 from numpy_transformer import functional as F
 from numpy_transformer.gradcheck import check_direction, check_module
 from numpy_transformer.nn import DecoderBlock, EncoderBlock
 
 B, T, T_SRC, C, H, FFN = 2, 4, 5, 8, 2, 12
 GRID = pytest.mark.parametrize("norm_first", [True, False], ids=["preLN", "postLN"])
-ACTS = pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "swiglu"])
-NORMS = pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+ACTS = pytest.mark.parametrize("activation", config.ACTIVATIONS)
+NORMS = pytest.mark.parametrize("norm", config.NORMS)
 
 
 def perturb(module, rng):

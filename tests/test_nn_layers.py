@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from _nn_helpers import assert_gradcheck
 
+from numpy_transformer import config
 from numpy_transformer.gradcheck import check_module, numeric_grad
 from numpy_transformer.nn import (
     Dropout,
@@ -83,7 +84,7 @@ def test_tied_output_adds_into_the_embedding_grad(rng):
     np.testing.assert_allclose(dx, numeric_grad(loss, x), rtol=1e-6, atol=1e-8)
 
 
-@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("norm", config.NORMS)
 def test_norms(rng, norm):
     layer = make_norm(norm, 6)
     for p in layer.params.values():  # move off the ones/zeros init so w and b matter
@@ -100,7 +101,7 @@ def test_norm_defaults():
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
-@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "swiglu"])
+@pytest.mark.parametrize("activation", config.ACTIVATIONS)
 def test_feed_forward(rng, activation, bias):
     layer = FeedForward(6, 10, activation, bias=bias, rng=rng)
     assert all(("b" in child.params) == bias for child in layer.children.values())

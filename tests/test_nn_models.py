@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from _nn_helpers import assert_gradcheck
 
+from numpy_transformer.config import POSITIONS
 from numpy_transformer.gradcheck import check_direction, check_module
 from numpy_transformer.nn import DecoderLM, EncoderClassifier, EncoderDecoder, TransformerConfig
 
-POSITIONS = ["sinusoidal", "learned", "rope", "alibi", "none"]
 V, B, T, T_SRC = 7, 2, 5, 4
 
 

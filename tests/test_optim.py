@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from numpy_transformer import config
 from numpy_transformer.functional.adam import adam_update as adam_update_numpy
 from numpy_transformer.functional.adam import adam_update_group as adam_update_group_numpy
 from numpy_transformer.kernels.adam import adam_update as adam_update_numba
@@ -16,7 +17,7 @@ from numpy_transformer.kernels.adam import adam_update_group as adam_update_grou
 from numpy_transformer.optim import Adam, AdamW, clip_grad_norm
 from numpy_transformer.schedules import constant_lr, warmup_cosine
 
-BACKENDS = ["numpy", "numba"]
+BACKENDS = config.BACKENDS
 SHAPES = {"emb": (11, 6), "w": (6, 5), "b": (5,), "gain": (5,), "w3": (2, 3, 4)}
 
 

@@ -10,6 +10,7 @@ kernels it calls from Python, and the helpers of any kernel it had to compile.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -19,13 +20,14 @@ from pathlib import Path
 import pytest
 
 import numpy_transformer
-from numpy_transformer.backend import KERNEL_MODULES, KERNELS_VARIABLE, kernel_selection
+from numpy_transformer.backend import KERNELS_VARIABLE, kernel_selection
+from numpy_transformer.config import KERNEL_MODULES
 from numpy_transformer.runs.precompile import GROUPS, is_cached, worker_env
 
 SIGNATURES = r"""
 import importlib, json, sys
 import numba
-from numpy_transformer.backend import KERNEL_MODULES
+from numpy_transformer.config import KERNEL_MODULES
 from numpy_transformer.runs.options import resolve_options
 from numpy_transformer.runs.precompile import work, worker_job
 from numpy_transformer.runs.state import Run
@@ -84,13 +86,18 @@ def test_the_groups_compile_every_signature_the_run_calls(name):
 
 
 def test_the_groups_cover_the_kernel_modules():
+    """Each model's groups name every kernel module of config.KERNEL_MODULES once: whole, or
+    split into operations that together are its ``__all__``."""
     for model, groups in GROUPS.items():
         named = [m for group in groups for m in group]
         assert len(named) == len(set(named)), model
-        assert {m.split(".")[0] for m in named} <= set(KERNEL_MODULES), model
-    assert set(m for g in GROUPS["transformer"] for m in g) == set(KERNEL_MODULES) - {"lstm"}
-    lstm = {m for g in GROUPS["lstm"] for m in g}  # the recurrence split by operation
-    assert {"lstm.lstm_forward", "lstm.lstm_backward"} <= lstm and "lstm" not in lstm
+        for module in KERNEL_MODULES:
+            parts = {m.partition(".")[2] for m in named if m.partition(".")[0] == module}
+            if parts != {""}:  # split by operation
+                ops = importlib.import_module(f"numpy_transformer.kernels.{module}").__all__
+                assert parts == set(ops), (model, module)
+        assert {m.partition(".")[0] for m in named} == set(KERNEL_MODULES), model
+    assert GROUPS["lstm"][0] == ("lstm.lstm_backward",)  # the recurrence split by operation
 
 
 def test_an_empty_cache_counts_as_cold(tmp_path):

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from numpy_transformer import config
 from numpy_transformer.functional import attention as ref
 from numpy_transformer.functional.masks import causal_mask, combine_masks, key_padding_mask
 from numpy_transformer.functional.positional import alibi_bias
@@ -32,9 +33,9 @@ from numpy_transformer.nn import (
 )
 
 HAS_KERNEL = importlib.util.find_spec("numpy_transformer.kernels.attention") is not None
-BACKENDS = ("numpy", "numba") if HAS_KERNEL else ("numpy",)
+BACKENDS = config.BACKENDS if HAS_KERNEL else ("numpy",)
 PROPS = settings(deadline=None, max_examples=25, derandomize=True)
-DTYPES = st.sampled_from([np.float32, np.float64])
+DTYPES = st.sampled_from([getattr(np, name) for name in config.DTYPES])
 SEEDS = st.integers(0, 2**32 - 1)
 
 
@@ -120,8 +121,8 @@ def module_options(draw):
     heads, positions = draw(st.integers(1, 3)), draw(st.sampled_from(["none", "rope", "alibi"]))
     head_width = 2 * draw(st.integers(1, 3)) if positions == "rope" else draw(st.integers(1, 5))
     return dict(width=heads * head_width, heads=heads, positions=positions, dtype=draw(DTYPES),
-                norm=draw(st.sampled_from(["layernorm", "rmsnorm"])),
-                activation=draw(st.sampled_from(["relu", "gelu", "gelu_tanh", "swiglu"])),
+                norm=draw(st.sampled_from(config.NORMS)),
+                activation=draw(st.sampled_from(config.ACTIVATIONS)),
                 norm_first=draw(st.booleans()), backend=draw(st.sampled_from(BACKENDS)),
                 b=draw(st.integers(1, 3)), t=draw(st.integers(1, 7)), seed=draw(SEEDS))
 
@@ -183,19 +184,19 @@ def test_blocks_finite_forward_and_backward(o, cross):
 @st.composite
 def model_configs(draw):
     o = draw(module_options())
-    positions = draw(st.sampled_from(["sinusoidal", "learned", "rope", "alibi", "none"]))
+    positions = draw(st.sampled_from(config.POSITIONS))
     if positions == "sinusoidal" and o["width"] % 2:
         positions = "learned"
     if positions == "rope" and (o["width"] // o["heads"]) % 2:
         positions = "alibi"
-    config = TransformerConfig(vocab=draw(st.integers(2, 9)), width=o["width"],
-                               heads=o["heads"], layers=draw(st.integers(1, 2)),
-                               ffn_width=draw(st.integers(1, 12)), max_len=8, norm=o["norm"],
-                               activation=o["activation"], positions=positions,
-                               norm_first=o["norm_first"], embed_scale=draw(st.booleans()),
-                               tie_embeddings=draw(st.booleans()), backend=o["backend"],
-                               dtype=np.dtype(o["dtype"]).name, seed=o["seed"] % 1000)
-    return config, o["b"], o["t"], o["seed"]
+    cfg = TransformerConfig(vocab=draw(st.integers(2, 9)), width=o["width"],
+                            heads=o["heads"], layers=draw(st.integers(1, 2)),
+                            ffn_width=draw(st.integers(1, 12)), max_len=8, norm=o["norm"],
+                            activation=o["activation"], positions=positions,
+                            norm_first=o["norm_first"], embed_scale=draw(st.booleans()),
+                            tie_embeddings=draw(st.booleans()), backend=o["backend"],
+                            dtype=np.dtype(o["dtype"]).name, seed=o["seed"] % 1000)
+    return cfg, o["b"], o["t"], o["seed"]
 
 
 def train_step_is_finite(model, inputs, targets) -> None:

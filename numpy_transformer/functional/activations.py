@@ -24,7 +24,7 @@ from .._checks import check_shaped
 __all__ = [
     'relu_forward', 'relu_backward', 'gelu_forward', 'gelu_backward', 'gelu_tanh_forward',
     'gelu_tanh_backward', 'silu_forward', 'silu_backward', 'swiglu_forward', 'swiglu_backward',
-    'dropout_forward', 'dropout_backward'
+    'dropout_forward', 'dropout_backward', 'erf'
 ]
 
 # NumPy has no erf: Python's math.erf (the C library's) entry by entry, in float64, rounded

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+# The masks of attention (numpy_transformer.backend offers them with the operations)
+__all__ = ['causal_mask', 'key_padding_mask', 'combine_masks', 'from_torch_ignore_mask']
+
 
 def causal_mask(t_q: int, t_k: int | None = None) -> np.ndarray:
     """Lower-triangular mask: query i may attend key j iff j <= i + (t_k - t_q).

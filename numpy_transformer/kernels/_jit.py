@@ -37,9 +37,14 @@ from pathlib import Path
 
 from numba.core import caching
 
-# The files whose compiled functions or options go into kernels of other files
-SHARED_SOURCES = ("_jit.py", "blas.py", "special.py")
+from ..config import KERNEL_MODULES
+
 _FOLDER = Path(__file__).resolve().parent
+# The files whose compiled functions or options may go into kernels of other files: every file
+# of this folder that is not a kernel module (config.KERNEL_MODULES), so a new helper file is
+# stamped without being listed (one that compiles nothing only costs a recompile when edited)
+SHARED_SOURCES = tuple(sorted(path.name for path in _FOLDER.glob("*.py")
+                              if path.stem not in KERNEL_MODULES))
 
 
 def jit_options(**options) -> dict:
@@ -80,7 +85,7 @@ class KernelCacheLocator(caching._CacheLocator):
         """The locator of ``py_func`` if its file ``py_file`` lies in this folder, else None
         (Numba then asks its own locators; so too when the shared files cannot be read, as
         from a zip archive)."""
-        if (Path(py_file).resolve().parent != _FOLDER
+        if (Path(py_file).resolve().parent != _FOLDER or not SHARED_SOURCES
                 or not all((_FOLDER / name).is_file() for name in SHARED_SOURCES)):
             return None
         for other in _CacheImpl._locator_classes:

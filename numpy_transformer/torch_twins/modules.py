@@ -10,41 +10,38 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import LSTMConfig, TransformerConfig
+from ..config import GATED_ACTIVATIONS, LSTMConfig, TransformerConfig
 from ._torch import F, nn, torch
+from .ops import activation as activation_twin
 from .ops import (
     alibi_bias,
     causal_mask,
-    gelu,
-    gelu_tanh,
     key_padding_mask,
-    relu,
     rope,
     rope_tables,
     sdpa,
     sinusoidal_table,
-    swiglu,
 )
 
 
 # ============================================================================ layers
 class FeedForward(nn.Module):
-    """C -> F -> C with children ``up``, ``down`` (and ``gate`` for SwiGLU)."""
+    """C -> F -> C with children ``up``, ``down`` (and ``gate`` for a gated activation); the
+    activation is the twin of :mod:`.ops` under its name."""
 
     def __init__(self, width: int, hidden: int, activation: str = "gelu",
                  bias: bool = True) -> None:
         super().__init__()
-        self.activation = activation
-        if activation == "swiglu":
+        self.activation, self.act = activation, activation_twin(activation)
+        if activation in GATED_ACTIVATIONS:
             self.gate = nn.Linear(width, hidden, bias=bias)
         self.up = nn.Linear(width, hidden, bias=bias)
         self.down = nn.Linear(hidden, width, bias=bias)
 
     def forward(self, x):
-        if self.activation == "swiglu":
-            return self.down(swiglu(self.gate(x), self.up(x)))
-        act = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh}[self.activation]
-        return self.down(act(self.up(x)))
+        if self.activation in GATED_ACTIVATIONS:
+            return self.down(self.act(self.gate(x), self.up(x)))
+        return self.down(self.act(self.up(x)))
 
 
 class MultiHeadAttention(nn.Module):
@@ -99,9 +96,22 @@ class LearnedPositions(nn.Module):
         return x + self.weight[: x.shape[1]]
 
 
+NORM_TWINS = {"layernorm": lambda width: nn.LayerNorm(width, eps=1e-5),  # as ours
+              "rmsnorm": lambda width: nn.RMSNorm(width, eps=None)}
+
+
 def make_norm(norm: str, width: int) -> nn.Module:
-    """``nn.LayerNorm`` (eps 1e-5) or ``nn.RMSNorm`` (eps None), as ours."""
-    return nn.LayerNorm(width, eps=1e-5) if norm == "layernorm" else nn.RMSNorm(width, eps=None)
+    """``nn.LayerNorm`` (eps 1e-5) or ``nn.RMSNorm`` (eps None), as ours.
+
+    Raises
+    ------
+    ValueError
+        If ``norm`` (one of ``config.NORMS``) has no twin here.
+    """
+    if norm not in NORM_TWINS:
+        raise ValueError(f"norm {norm!r} has no PyTorch twin in {__name__} (the twins: "
+                         f"{', '.join(NORM_TWINS)})")
+    return NORM_TWINS[norm](width)
 
 
 # ============================================================================ blocks
@@ -167,6 +177,12 @@ class DecoderBlock(nn.Module):
 
 
 # ============================================================================ models
+# The positional schemes of config.POSITIONS: a table added to the tokens, or one acting in
+# the attention (a rotation of queries and keys, a bias of the scores)
+POSITION_TABLES = {"sinusoidal": SinusoidalPositions, "learned": LearnedPositions}
+ATTENTION_POSITIONS = ("rope", "alibi")
+
+
 def _block_options(c: TransformerConfig) -> dict:
     return dict(norm=c.norm, activation=c.activation, norm_first=c.norm_first,
                 dropout=c.dropout, rope=c.positions == "rope", alibi=c.positions == "alibi",
@@ -180,12 +196,10 @@ class Embeddings(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(c.vocab, c.width)
         self.scale = float(np.sqrt(c.width)) if c.embed_scale else 1.0
-        if c.positions == "sinusoidal":
-            self.positions = SinusoidalPositions(c.max_len, c.width)
-        elif c.positions == "learned":
-            self.positions = LearnedPositions(c.max_len, c.width)
-        else:
-            self.positions = None
+        if c.positions not in (*POSITION_TABLES, *ATTENTION_POSITIONS, "none"):
+            raise ValueError(f"positions {c.positions!r} have no PyTorch twin in {__name__}")
+        table = POSITION_TABLES.get(c.positions)
+        self.positions = None if table is None else table(c.max_len, c.width)
         self.drop = nn.Dropout(c.dropout)
 
     def forward(self, ids):

@@ -8,12 +8,14 @@ tables, RoPE angles and ALiBi slopes are computed here from their formulas.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
+from ..config import ACTIVATIONS, DTYPES
 from ._torch import F, torch
 
-TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
+TORCH_DTYPES = {np.dtype(name): getattr(torch, name) for name in DTYPES}  # config.DTYPES
 
 
 def tensor_of(a, requires_grad: bool = False) -> torch.Tensor:
@@ -55,6 +57,21 @@ def silu(x):
 def swiglu(gate, up):
     """``silu(gate) * up``: the gated unit of LLaMA's feed-forward network."""
     return F.silu(gate) * up
+
+
+def activation(name: str) -> Callable:
+    """The twin of the activation ``name`` of ``config.ACTIVATIONS``: this module's function of
+    that name, ``f(x)``, or ``f(gate, up)`` for a gated one.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not a registered activation, or has no twin here.
+    """
+    if name not in ACTIVATIONS or not callable(globals().get(name)):
+        raise ValueError(f"activation {name!r} has no PyTorch twin in {__name__} (the "
+                         f"activations: {', '.join(ACTIVATIONS)})")
+    return globals()[name]
 
 
 def softmax(x):
