@@ -149,7 +149,7 @@ def test_a_folder_lacking_an_option_resumes_saying_what_was_filled_in(resumed, t
     assert code == 0, err
     notes = [line for line in out.splitlines() if "filled in" in line]
     assert len(notes) == 1 and "format version 1" in notes[0], out
-    assert notes[0].endswith("--model transformer")
+    assert "--model transformer" in notes[0]
     assert_same_run(run_dir, resumed[0])
     assert json.loads((run_dir / "config.json").read_text())["options"]["model"] == \
         "transformer"
@@ -171,12 +171,11 @@ def test_sample_and_export_read_an_old_folder_as_resume_does(tmp_path):
     assert code == 0 and err == "", err
     code, old_text, err = run_cli(["sample", old, *argv])
     assert code == 0 and old_text == text
-    assert len(err.splitlines()) == 1 and err.rstrip().endswith("--model transformer"), err
+    assert len(err.splitlines()) == 1 and "--model transformer" in err, err
     pytest.importorskip("safetensors.numpy", reason="the export needs safetensors")
     code, out, err = run_cli(["export", old, "--out", tmp_path / "st"])
     assert code == 0, err
-    assert [line for line in out.splitlines() if "filled in" in line][0].endswith(
-        "--model transformer")
+    assert "--model transformer" in [line for line in out.splitlines() if "filled in" in line][0]
 
 
 def test_negative_control_an_option_lacking_where_its_format_records_it(tmp_path):
