@@ -38,10 +38,11 @@ def tiny_run(tmp_path_factory):
 
 def test_default_train_is_the_chapter_char_model():
     fields, options = resolve_options("lm", {})
-    assert fields == dict(width=84, heads=4, layers=2, ffn_width=168, max_len=100,
-                          norm="layernorm", activation="relu", positions="sinusoidal",
-                          norm_first=True, dropout=0.0, embed_scale=True,
-                          tie_embeddings=False, bias=True, backend="numba", dtype="float32")
+    chapter = dict(width=84, heads=4, layers=2, ffn_width=168, max_len=100, norm="layernorm",
+                   activation="relu", positions="sinusoidal", norm_first=True, dropout=0.0,
+                   embed_scale=True, tie_embeddings=False, bias=True, backend="numba",
+                   dtype="float32")
+    assert {k: fields[k] for k in chapter} == chapter  # (an option added since: its row's)
     assert (options["batch"], options["lr"], options["clip"], options["optimizer"],
             options["schedule"], options["text"]) == (64, 2e-3, 1.0, "adam", "constant", None)
     assert 1000 <= options["steps"] <= 1500  # ~5 minutes at 0.1-0.25 s a step on 2 cores
