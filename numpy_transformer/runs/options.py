@@ -120,7 +120,8 @@ class Option(NamedTuple):
     overrides: dict | None = None  # the default of some runs, by the task ("reverse"), the
     #   model ("transformer") or "task" (every synthetic task), looked up in that order
     since: tuple[int, object] | None = None  # (N, X): recorded from format version N on; a
-    #   run of an older version that lacks it did what X does (fill_missing)
+    #   run of an older version that lacks it did what X does (fill_missing). A new option
+    #   takes the next version, and checkpoint.FORMAT_VERSION becomes it
     flag: str | None = None  # on the command line; None: "--" + key with dashes
     metavar: str | None = None
     shown: dict | None = None  # how --help shows a default value, where not as itself
