@@ -2,7 +2,7 @@
 
 What a checkpoint holds (every key of the ``.npz``)::
 
-    format_version        int, FORMAT_VERSION
+    format_version        int, the format it was written in (FORMAT_VERSION)
     step                  int, updates made so far = the position in the data schedule
     param.<dotted name>   every model parameter (its own dtype)
     adam_m.<name>         Adam's first moments     } absent before the first update
@@ -21,6 +21,13 @@ can never execute code (a pickled object array is refused by NumPy itself).
 
 Writes are atomic (``files.py``): a crash or a kill at any moment leaves either the old
 checkpoint or the new one, never half of one.
+
+Format versions: 1, the first; 2, the run folder's ``config.json`` records its version too, and
+every option of ``numpy-transformer train`` is recorded (``runs/options.py``: a version-1 run
+may lack ``model``). The layout above is the same in both. A file of an older version is read
+as it is; ``runs.state.read_run`` brings its run to today's format (each option a version did
+not record takes the value that reproduces what it did). A file of a newer version is refused,
+naming both versions.
 
 Every problem found on loading raises :class:`CheckpointError` (a ``ValueError``) with one
 line naming the file and the problem.
@@ -43,9 +50,10 @@ from .memory import check_fits, format_bytes
 from .train import NonFiniteError
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "Checkpoint", "save_checkpoint",
-           "load_checkpoint", "dropout_layers", "rng_states", "set_rng_states"]
+           "load_checkpoint", "check_format_version", "dropout_layers", "rng_states",
+           "set_rng_states"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what this version writes; it reads 1 to FORMAT_VERSION (see above)
 JSON_KEYS = ("optimizer", "rng", "config", "options", "tokenizer", "meta")
 REQUIRED_KEYS = ("format_version", "step") + JSON_KEYS
 OPTIMIZER_KEYS = {"kind", "t", "lr", "beta1", "beta2", "eps", "weight_decay"}
@@ -60,7 +68,8 @@ class Checkpoint:
     """The contents of a checkpoint file, decoded.
 
     ``params``, ``adam_m`` and ``adam_v`` map dotted parameter names to arrays; ``optimizer``
-    holds Adam's scalars; ``rng`` maps a generator's name to its ``bit_generator.state``.
+    holds Adam's scalars; ``rng`` maps a generator's name to its ``bit_generator.state``;
+    ``version`` is the format version the file was written in.
     """
 
     step: int
@@ -73,6 +82,7 @@ class Checkpoint:
     options: dict
     tokenizer: dict | None
     meta: dict = field(default_factory=dict)
+    version: int = FORMAT_VERSION
 
     def optimizer_state(self) -> dict:
         """The dict ``Adam.load_state_dict`` takes."""
@@ -256,8 +266,26 @@ def _check_members(path: Path, archive: zipfile.ZipFile) -> None:
         raise CheckpointError(str(e)) from None
 
 
+def check_format_version(version: object, source: str) -> int:
+    """``version`` if this version of the library reads that format (1 to FORMAT_VERSION).
+
+    Raises
+    ------
+    CheckpointError
+        Naming ``source`` and, for a newer format, both versions.
+    """
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CheckpointError(f"{source}: unknown format version {version!r}")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{source}: written in format version {version}, newer than "
+                              f"this numpy_transformer reads (1 to {FORMAT_VERSION}); upgrade "
+                              f"numpy_transformer to read it")
+    return version
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read and check a checkpoint written by :func:`save_checkpoint`.
+    """Read and check a checkpoint written by :func:`save_checkpoint`, of any format version
+    from 1 to :data:`FORMAT_VERSION`.
 
     Only the file's own consistency is checked here (keys, version, JSON, shapes of the
     moments against the parameters); whether it fits a model is checked when it is loaded
@@ -267,9 +295,23 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     ------
     CheckpointError
         With one line naming the file and the problem: missing, not a ``.npz`` (or truncated),
-        an ``.npz`` of someone else, another format version, a missing or malformed entry.
+        an ``.npz`` of someone else, a newer format version, a missing or malformed entry.
     """
     path = Path(path)
+    arrays, version = _read_arrays(path)
+    step = _scalar_int(path, "step", arrays["step"])
+    decoded = _decode_entries(path, arrays)
+    params, m, v = _parameter_groups(path, arrays)
+    _check_values(path, arrays, decoded, m, v)
+    return Checkpoint(step=step, params=params, optimizer=decoded["optimizer"], adam_m=m,
+                      adam_v=v, rng=decoded["rng"], config=decoded["config"],
+                      options=decoded["options"], tokenizer=decoded["tokenizer"],
+                      meta=decoded["meta"], version=version)
+
+
+def _read_arrays(path: Path) -> tuple[dict[str, np.ndarray], int]:
+    """Every entry of the ``.npz`` at ``path`` and its format version, once the file, its
+    members' headers, the version and the required keys are checked."""
     try:
         check_file(path, "checkpoint file")
     except ValueError as e:
@@ -282,14 +324,11 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         with np.load(path, allow_pickle=False) as npz:
             names = list(npz.files)
             missing = [k for k in REQUIRED_KEYS if k not in names]
-            version = _scalar_int(path, "format_version", npz["format_version"])
-            if version != FORMAT_VERSION:
-                raise CheckpointError(f"{path}: checkpoint format version {version}, this "
-                                      f"version of numpy_transformer reads version "
-                                      f"{FORMAT_VERSION}")
+            version = check_format_version(
+                _scalar_int(path, "format_version", npz["format_version"]), str(path))
             if missing:
                 raise CheckpointError(f"{path}: checkpoint is missing entries {missing}")
-            arrays = {k: npz[k] for k in names}
+            return {k: npz[k] for k in names}, version
     except CheckpointError:
         raise
     except (ValueError, EOFError, zipfile.BadZipFile, zlib.error, RuntimeError,
@@ -297,7 +336,11 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         # A truncated member, a pickled (object) array refused by allow_pickle=False, ...
         raise CheckpointError(f"{path}: unreadable checkpoint ({type(e).__name__}: {e})") \
             from None
-    step = _scalar_int(path, "step", arrays["step"])
+
+
+def _decode_entries(path: Path, arrays: dict[str, np.ndarray]) -> dict:
+    """The JSON entries, decoded; all but the tokenizer are objects, the optimizer's with
+    its keys."""
     decoded = {k: _decode_json(path, k, arrays[k]) for k in JSON_KEYS}
     for k in ("optimizer", "rng", "config", "options", "meta"):
         if not isinstance(decoded[k], dict):
@@ -305,6 +348,12 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if set(decoded["optimizer"]) != OPTIMIZER_KEYS:
         raise CheckpointError(f"{path}: entry 'optimizer' should have keys "
                               f"{sorted(OPTIMIZER_KEYS)}, got {sorted(decoded['optimizer'])}")
+    return decoded
+
+
+def _parameter_groups(path: Path, arrays: dict[str, np.ndarray]) -> tuple[dict, dict, dict]:
+    """``(params, adam_m, adam_v)`` by parameter name: float arrays, the moments (if any)
+    shaped like the parameters."""
     groups: dict[str, dict[str, np.ndarray]] = {"param": {}, "adam_m": {}, "adam_v": {}}
     for key, a in arrays.items():
         if key in REQUIRED_KEYS:
@@ -328,6 +377,13 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             if a.shape != params[name].shape or a.dtype != params[name].dtype:
                 raise CheckpointError(f"{path}: {label}.{name} is {a.dtype} {a.shape} but the "
                                       f"parameter is {params[name].dtype} {params[name].shape}")
+    return params, m, v
+
+
+def _check_values(path: Path, arrays: dict[str, np.ndarray], decoded: dict, m: dict,
+                  v: dict) -> None:
+    """The optimizer's step against its moments, finite arrays, second moments >= 0, and a
+    tokenizer as large as the embedding table."""
     if (decoded["optimizer"]["t"] == 0) != (not m):
         raise CheckpointError(f"{path}: optimizer step t={decoded['optimizer']['t']} but "
                               f"{len(m)} moment arrays")
@@ -344,7 +400,3 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
                                       and len(tokenizer["chars"]) == vocab):
         raise CheckpointError(f"{path}: the tokenizer does not match the embedding table of "
                               f"{vocab!r} tokens in the config")
-    return Checkpoint(step=step, params=params, optimizer=decoded["optimizer"], adam_m=m,
-                      adam_v=v, rng=decoded["rng"], config=decoded["config"],
-                      options=decoded["options"], tokenizer=decoded["tokenizer"],
-                      meta=decoded["meta"])

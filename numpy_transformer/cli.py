@@ -1,29 +1,16 @@
 """The ``numpy-transformer`` command: train, sample, gradcheck, export, bench.
 
-``numpy-transformer train`` with no arguments trains the chapter's character model (width 84,
-4 heads, 2 layers, FFN 168 ReLU, sinusoidal positions, scaled embeddings, context 100, batch
-64, Adam lr 2e-3, clipping at 1.0, float32) on the embedded corpus in about five minutes on
-two cores, and leaves ``runs/char-lm/`` with a checkpoint, the loss log, two plots and a
-sample. ``numpy-transformer train --model lstm`` trains the LSTM of about the same size
-(embedding 85, one layer of 128: 132,336 parameters at the chapter's vocabulary of 104) with
-the same recipe into ``runs/char-lstm/``: the same files but the attention map, which an
-LSTM does not have. ``numpy-transformer sample RUN_DIR`` continues a prompt with either.
-``python -m numpy_transformer`` is the same command.
+``numpy-transformer train`` with no arguments trains the chapter's character model on the
+embedded corpus in about five minutes on two cores, and leaves ``runs/char-lm/`` with a
+checkpoint, the loss log, two plots and a sample. ``numpy-transformer train --model lstm``
+trains the LSTM of about the same size with the same recipe into ``runs/char-lstm/``: the same
+files but the attention map, which an LSTM does not have. ``numpy-transformer sample RUN_DIR``
+continues a prompt with either. ``python -m numpy_transformer`` is the same command.
 
-Exit codes
-----------
-0    success (also: ``--resume`` of a run that already finished)
-1    training diverged: a non-finite loss or gradient, or weights too large to compute with
-     (the step and tensor are named; the last good checkpoint, always finite, is left
-     untouched); ``gradcheck``: a check failed; ``bench``: a benchmark's worker failed
-2    bad input: an option, a file (a folder, FIFO or device where a file belongs is named for
-     what it is), a run folder (also: one another process is training in), a checkpoint
-     (truncated, tampered, non-finite), or sizes that cannot fit in memory. One line on
-     stderr, no traceback, nothing overwritten (unless ``--force``)
-74   a file could not be read or written (sysexits' EX_IOERR): permission denied, a read-only
-     folder, a full disk, a file-size limit. The previous checkpoint is left intact
-130  training stopped by SIGINT (Ctrl-C), 143 by SIGTERM: a checkpoint was written first;
-     ``numpy-transformer train --resume RUN_DIR`` continues exactly where it stopped
+The options of ``train``, their defaults and checks are one table,
+:data:`numpy_transformer.runs.options.OPTIONS`: the parser below is made from it. The exit
+codes are listed once, in :data:`~numpy_transformer.runs.outputs.EXIT_CODES`; ``--help``
+prints them.
 
 Limits
 ------
@@ -40,54 +27,46 @@ import re
 import signal
 import sys
 import textwrap
+from collections import Counter
 
 from ._version import __version__
 from .allocator import reuse_freed_memory
-from .config import (
-    ACTIVATIONS,
-    BACKENDS,
-    BENCH_CONFIGS,
-    DTYPES,
-    EXPORT_FORMATS,
-    NORMS,
-    POSITIONS,
-)
+from .config import BENCH_CONFIGS, EXPORT_FORMATS
 from .runs.options import (
-    COPY_SHIFT,
     DEFAULT_MODEL,
-    DEFAULT_TASK,
+    LENGTH,
+    MODELS,
+    NONNEG_INT,
+    OPTIONS,
+    POSITIVE,
+    POSITIVE_INT,
+    SHARE,
+    TASKS,
+    Option,
+    Rule,
+    applies,
+    default_of,
+    default_run_folder,
+    flag,
+    parse_number,
+    resolve_options,
+    shown,
+)
+from .runs.outputs import (
+    EXIT_CODES,
     EXIT_DIVERGED,
     EXIT_IO,
     EXIT_OK,
     EXIT_ON_SIGNAL,
     EXIT_USAGE,
-    LENGTH,
     MAX_SAMPLE_LENGTH,
-    MODEL_DEFAULTS,
-    MODELS,
-    NONNEG_INT,
-    OPTIMIZERS,
-    OPTION_KEYS,
-    POSITIVE,
-    POSITIVE_INT,
-    REVERSE_LENGTH,
     RUN_FILES,
     SAMPLE_LENGTH,
     SAMPLE_PROMPT,
     SAMPLE_TEMPERATURE,
-    SCHEDULES,
-    SHARE,
-    TASKS,
-    TRAIN_DEFAULTS,
-    TRAIN_NUMBERS,
     WRITTEN_ONLY_BY,
-    Rule,
     UsageError,
-    default_run_folder,
     describe_os_error,
-    flag,
-    parse_number,
-    resolve_options,
 )
 from .threads import set_blas_threads
 
@@ -95,6 +74,7 @@ from .threads import set_blas_threads
 # inside the command that needs it: --help and a bad option answer before any of it loads.
 
 PROG = "numpy-transformer"
+RAW = argparse.RawDescriptionHelpFormatter
 
 
 class Parser(argparse.ArgumentParser):
@@ -111,10 +91,6 @@ class Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-# --------------------------------------------------------------------------------------------
-# Value types: each names what it expected
-# --------------------------------------------------------------------------------------------
-
 def number(rule: Rule):
     """The argparse type of a numeric option: :func:`~.runs.options.parse_number` of ``rule``."""
     def parse(text: str) -> float:
@@ -126,27 +102,18 @@ def number(rule: Rule):
     return parse
 
 
-def option(key: str):
-    """The argparse type of the train option ``key``, from its rule in ``TRAIN_NUMBERS``."""
-    return number(TRAIN_NUMBERS[key])
+def exit_codes_help() -> str:
+    """The ``exit codes:`` block of the help, from :data:`~.runs.outputs.EXIT_CODES`."""
+    lines = ["exit codes:"]
+    for code, meaning in EXIT_CODES.items():
+        first, *rest = textwrap.wrap(meaning, width=83)
+        lines += [f"  {code:<4} {first}", *(f"       {line}" for line in rest)]
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------
 # The parser
 # --------------------------------------------------------------------------------------------
-
-LM = {**MODEL_DEFAULTS["lm"], **TRAIN_DEFAULTS["lm"]}  # the defaults the help shows
-LSTM = MODEL_DEFAULTS["lstm"]
-TASK = {**MODEL_DEFAULTS["task"], **TRAIN_DEFAULTS["task"]}
-
-
-def default(key: str) -> str:
-    """``[value]``: the language model's default of option ``key``, for a help line (with the
-    LSTM's, where it has the option and its default differs)."""
-    if key in LSTM and LSTM[key] != LM.get(key, LSTM[key]):
-        return f"[{LM[key]}; --model lstm: {LSTM[key]}]"
-    return f"[{LM[key] if key in LM else LSTM[key]}]"
-
 
 TRAIN_DESCRIPTION = "Train a Transformer or an LSTM and write a run folder:\n" + textwrap.fill(
     ", ".join(f"{name} ({WRITTEN_ONLY_BY[name][2]} only)" if name in WRITTEN_ONLY_BY else name
@@ -162,121 +129,87 @@ examples:
   numpy-transformer train --resume runs/tiny   # after Ctrl-C: continues bit for bit
 
 """ + textwrap.fill(
-    "Defaults in brackets are the language model's; the synthetic tasks default to width "
-    f"{TASK['width']}, FFN {TASK['ffn_width']}, context {TASK['max_len']} ({REVERSE_LENGTH} "
-    f"for reverse), {TASK['steps']} steps, lr {TASK['lr']}. Ctrl-C (SIGINT) or SIGTERM writes "
-    "a checkpoint and exits with 130 / 143; --resume continues exactly. Sizes that cannot fit "
-    "in the memory available are refused before anything is allocated.", width=90) + """
+    "Defaults in brackets are the language model's (the chapter's), then, where they differ, "
+    "those of --model lstm and of the synthetic tasks. Ctrl-C (SIGINT) or SIGTERM writes a "
+    "checkpoint; --resume continues exactly, also a run written by an older version (what its "
+    "format did not record is filled in as that version did it, and said). Sizes that cannot "
+    "fit in the memory available are refused before anything is allocated.", width=90) + \
+    "\n\n" + exit_codes_help()
 
-exit codes:
-  0    finished (or --resume of a finished run)
-  1    diverged: a non-finite loss, gradient or held-out loss; the last good checkpoint is kept
-  2    bad input: an option, a file, a run folder (or one in use), a checkpoint, a size that
-       cannot fit in memory
-  74   a file could not be read or written (permission, read-only, disk full, size limit);
-       the previous checkpoint is left intact
-  130  stopped by Ctrl-C (SIGINT), 143 by SIGTERM, after writing a checkpoint
-"""
+
+def defaults_shown(option: Option) -> str:
+    """``[84; the tasks: 64]``: the default of the chapter's language model, then, where they
+    differ, that of ``--model lstm`` and of the synthetic tasks."""
+    runs = [("lm", model) for model in MODELS] + [(t, DEFAULT_MODEL) for t in TASKS[1:]]
+    values = {run: shown(option, default_of(option, *run)) for run in runs
+              if applies(option, run[1])}
+    first = next(iter(values.values()))
+    parts = [first]
+    lstm = values.get(("lm", "lstm"))
+    if lstm is not None and ("lm", DEFAULT_MODEL) in values and lstm != first:
+        parts.append(f"--model lstm: {lstm}")
+    tasks = {task: v for (task, _), v in values.items() if task != "lm"}
+    if tasks:
+        common = Counter(tasks.values()).most_common(1)[0][0]
+        parts += [f"the tasks: {common}"] if common != first else []
+        parts += [f"--task {task}: {v}" for task, v in tasks.items() if v != common]
+    return f"[{'; '.join(parts)}]"
+
+
+def option_help(option: Option) -> str:
+    """The help line of a row of the option table: its text, then its defaults."""
+    if option.store is None:
+        return option.help
+    return " ".join(part for part in (option.help, defaults_shown(option)) if part)
+
+
+def add_option(group: argparse._ArgumentGroup, option: Option) -> None:
+    """A row of the option table as an argument of ``train``. Its argparse default is None,
+    "not given": :func:`~.runs.options.resolve_options` fills in the run's own defaults, and
+    ``--resume`` refuses any option that was given."""
+    kwargs: dict = {"dest": option.key, "help": option_help(option)}
+    if option.switch == "both":
+        kwargs["action"] = argparse.BooleanOptionalAction
+    elif option.switch == "off":
+        kwargs.update(action="store_const", const=False)
+    elif option.switch == "on":
+        kwargs.update(action="store_true", default=None)
+    else:
+        kwargs.update(type=option.rule and number(option.rule), choices=option.choices,
+                      metavar=option.metavar)
+    group.add_argument(flag(option.key), **kwargs)
 
 
 def build_parser() -> Parser:
+    """The parser of every command (``train``'s made from the option table)."""
     parser = Parser(prog=PROG, description="A Transformer written from scratch in NumPy:\n"
                     "train one, sample from it, check its gradients, time it.",
                     epilog="example: numpy-transformer train   (then: numpy-transformer "
                     "sample runs/char-lm --prompt 'def ')\n\nRun '%(prog)s COMMAND --help' "
-                    "for each command's options.\n\nexit codes: 0 success, 1 training "
-                    "diverged, 2 bad input (one line on stderr),\n74 a file could not be read "
-                    "or written, 130 / 143 stopped by SIGINT / SIGTERM.",
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
+                    "for each command's options.\n\n" + exit_codes_help(), formatter_class=RAW)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-    raw = argparse.RawDescriptionHelpFormatter
+    train = sub.add_parser("train", help="train a model (default: the char LM, ~5 minutes)",
+                           description=TRAIN_DESCRIPTION, epilog=TRAIN_EPILOG,
+                           formatter_class=RAW)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for option in OPTIONS:
+        if option.group not in groups:
+            groups[option.group] = train.add_argument_group(option.group)
+        add_option(groups[option.group], option)
+    for add in (add_sample, add_gradcheck, add_export, add_bench):
+        add(sub)
+    return parser
 
-    # The train options' argparse default is None, "not given": resolve_options fills in the
-    # task's own defaults, and --resume refuses any option that was given.
-    t = sub.add_parser("train", help="train a model (default: the char LM, ~5 minutes)",
-                       description=TRAIN_DESCRIPTION, epilog=TRAIN_EPILOG, formatter_class=raw)
-    g = t.add_argument_group("data")
-    g.add_argument("--task", choices=TASKS, default=DEFAULT_TASK,
-                   help="lm: next-character model (DecoderLM, or LSTMLM with --model "
-                   "lstm); sort (EncoderClassifier), "
-                   f"copy (DecoderLM, digit {COPY_SHIFT} back), reverse (EncoderDecoder) "
-                   f"[{DEFAULT_TASK}]")
-    g.add_argument("--text", metavar="FILE", help="UTF-8 text to train the LM on "
-                   "[the embedded corpus: this library's own source]")
-    g = t.add_argument_group("model")
-    g.add_argument("--model", choices=MODELS, help="the language model: a Transformer "
-                   f"(DecoderLM) or an LSTM (LSTMLM); --task lm only [{DEFAULT_MODEL}]")
-    g.add_argument("--layers", type=option("layers"),
-                   help=f"Transformer blocks, or stacked LSTM layers {default('layers')}")
-    g.add_argument("--context", type=option("max_len"), dest="max_len", metavar="T",
-                   help="window length T = max_len, the size of a Transformer's position "
-                   f"table {default('max_len')}")
-    g.add_argument("--dtype", choices=DTYPES, help=default("dtype"))
-    g.add_argument("--backend", choices=BACKENDS,
-                   help="numpy: the readable NumPy references; numba: the fused kernels "
-                        f"(attention, norms, activations, loss, LSTM recurrence) "
-                        f"{default('backend')}")
-    g = t.add_argument_group(f"Transformer (--model {DEFAULT_MODEL})")
-    g.add_argument("--width", type=option("width"), help=f"residual width C {default('width')}")
-    g.add_argument("--heads", type=option("heads"),
-                   help=f"attention heads, must divide width {default('heads')}")
-    g.add_argument("--ffn-width", type=option("ffn_width"),
-                   help=f"feed-forward hidden width {default('ffn_width')}")
-    g.add_argument("--norm", choices=NORMS, help=default("norm"))
-    g.add_argument("--activation", choices=ACTIVATIONS, help=default("activation"))
-    g.add_argument("--positions", choices=POSITIONS, help=default("positions"))
-    g.add_argument("--post-ln", dest="norm_first", action="store_const", const=False,
-                   help="post-LN blocks as Vaswani et al. "
-                   f"[{'pre-LN' if LM['norm_first'] else 'post-LN'}]")
-    g.add_argument("--dropout", type=option("dropout"), help=default("dropout"))
-    on_off = argparse.BooleanOptionalAction
-    g.add_argument("--embed-scale", action=on_off, help="multiply the token embeddings by "
-                   "sqrt(width), as Vaswani et al. [on for --task lm, off for the tasks]")
-    g.add_argument("--tie-embeddings", action=on_off, help="the output head reuses the token "
-                   "embedding table, as GPT-2 [off]")
-    g.add_argument("--bias", action=on_off, help="every linear layer adds a bias; --no-bias "
-                   "drops them all, as LLaMA [on]")
-    g = t.add_argument_group("LSTM (--model lstm)")
-    g.add_argument("--hidden", type=option("hidden"),
-                   help=f"width H of the hidden and cell states {default('hidden')}")
-    g.add_argument("--embed", type=option("embed"), help="width E of the token embedding; "
-                   f"the default lands near the Transformer's size {default('embed')}")
-    g = t.add_argument_group("optimisation")
-    g.add_argument("--optimizer", choices=OPTIMIZERS, help=default("optimizer"))
-    g.add_argument("--lr", type=option("lr"), help=f"peak learning rate {default('lr')}")
-    g.add_argument("--weight-decay", type=option("weight_decay"), help=default("weight_decay"))
-    g.add_argument("--warmup", type=option("warmup"),
-                   help=f"linear warmup steps {default('warmup')}")
-    g.add_argument("--schedule", choices=SCHEDULES, help=default("schedule"))
-    g.add_argument("--clip", type=option("clip"),
-                   help=f"global gradient-norm clip, 0 = off {default('clip')}")
-    g.add_argument("--batch", type=option("batch"), help=f"windows per step {default('batch')}")
-    g.add_argument("--steps", type=option("steps"), help=f"updates {default('steps')}")
-    g.add_argument("--seed", type=option("seed"), help="fixes the weights, the data order and "
-                   f"every dropout mask {default('seed')}")
-    g.add_argument("--eval-every", type=option("eval_every"), help="held-out loss every N steps, "
-                   f"0 = only at the end {default('eval_every')}")
-    g.add_argument("--save-every", type=option("save_every"), help="checkpoint every N steps, "
-                   f"0 = only at the end {default('save_every')}")
-    g = t.add_argument_group("run folder")
-    g.add_argument("--out", metavar="RUN_DIR", help="where the run goes "
-                   f"[{default_run_folder('lm')}, {default_run_folder('lm', 'lstm')} or "
-                   f"{default_run_folder('TASK')}; if in use, a new folder with a timestamp "
-                   "suffix]")
-    g.add_argument("--force", action="store_true",
-                   help="reuse a non-empty --out (our files in it are replaced)")
-    g.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR "
-                   "exactly where its checkpoint left it (takes no model/optimiser options)")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
 
+def add_sample(sub) -> None:
     s = sub.add_parser("sample", help="generate text from a trained language model",
                        description="Continue a prompt with a trained language model, a "
                        "Transformer (with its key/value cache) or an LSTM (carrying its "
                        "state).",
                        epilog="example:\n  numpy-transformer sample runs/char-lm --prompt "
-                       "'def ' --length 400 --temperature 0.7 --top-k 20", formatter_class=raw)
+                       "'def ' --length 400 --temperature 0.7 --top-k 20", formatter_class=RAW)
     s.add_argument("run", nargs="?", default=str(default_run_folder("lm")),
                    metavar="RUN_DIR|CHECKPOINT",
                    help="a run folder or a checkpoint .npz [%(default)s]")
@@ -292,18 +225,22 @@ def build_parser() -> Parser:
     s.add_argument("--greedy", action="store_true", help="always take the most likely token")
     s.add_argument("--seed", type=number(NONNEG_INT), default=0, help="sampling seed [%(default)s]")
 
+
+def add_gradcheck(sub) -> None:
     c = sub.add_parser("gradcheck", help="check every hand-written backward by finite "
                        "differences", description="Print the gradient-check tables: each "
                        "named tensor's worst error of the backward against central "
                        "differences in float64. Exit code 1 if any check fails.",
                        epilog="examples:\n  numpy-transformer gradcheck\n  "
                        "numpy-transformer gradcheck --list\n  numpy-transformer gradcheck "
-                       "NAME [NAME ...] --tol 1e-7", formatter_class=raw)
+                       "NAME [NAME ...] --tol 1e-7", formatter_class=RAW)
     c.add_argument("names", nargs="*", metavar="NAME", help="pieces to check [all]; see --list")
     c.add_argument("--tol", type=number(POSITIVE), default=1e-6,
                    help="largest relative error accepted [%(default)g]")
     c.add_argument("--list", action="store_true", help="list the names and exit")
 
+
+def add_export(sub) -> None:
     e = sub.add_parser("export", help="write a trained model as safetensors (for PyTorch) or "
                        "a Hugging Face directory", description="Write a run's model where other "
                        "tools read it (numpy_transformer.export). safetensors: model.safetensors "
@@ -314,12 +251,14 @@ def build_parser() -> Parser:
                        epilog="examples:\n  numpy-transformer export runs/char-lm\n  "
                        "torchrun --nproc_per_node 2 examples/continue_ddp.py "
                        "runs/char-lm/safetensors\n  numpy-transformer export runs/gpt --format "
-                       "hf --out gpt-hf", formatter_class=raw)
+                       "hf --out gpt-hf", formatter_class=RAW)
     e.add_argument("run", metavar="RUN_DIR|CHECKPOINT", help="a run folder or a checkpoint .npz")
     e.add_argument("--format", choices=EXPORT_FORMATS, default=EXPORT_FORMATS[0],
                    help=f"[{EXPORT_FORMATS[0]}]")
     e.add_argument("--out", metavar="DIR", help="where the files go [RUN_DIR/FORMAT]")
 
+
+def add_bench(sub) -> None:
     b = sub.add_parser("bench", help="a training step against PyTorch, the cold compile, the "
                        "sgemm ceiling", description="Time a training step of ours (numba "
                        "backend) and of PyTorch eager side by side, in two worker processes "
@@ -327,7 +266,7 @@ def build_parser() -> Parser:
                        "float32 matrix-product rate as the ceiling (numpy_transformer.bench). "
                        "The long scripts are in the repository's benchmarks/ folder.",
                        epilog="examples:\n  numpy-transformer bench --quick\n  "
-                       "numpy-transformer bench --config wide --threads 2", formatter_class=raw)
+                       "numpy-transformer bench --config wide --threads 2", formatter_class=RAW)
     b.add_argument("--config", choices=BENCH_CONFIGS, default=BENCH_CONFIGS[0],
                    help="chapter: the chapter's char model, batch 64 x 100; small, wide (6 "
                    "layers, width 384, 16 x 256), long (T = 1024), lstm (the chapter's LSTM) "
@@ -335,31 +274,33 @@ def build_parser() -> Parser:
     b.add_argument("--threads", type=number(POSITIVE_INT),
                    help="threads of both frameworks [the cores available]")
     b.add_argument("--quick", action="store_true", help="a few steps: that it runs, at a glance")
-    return parser
 
 
 # --------------------------------------------------------------------------------------------
 # Commands
 # --------------------------------------------------------------------------------------------
 
+WITH_RESUME = ("resume", "quiet")  # the options of train that --resume takes
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     set_blas_threads(1)  # the numba kernels use the cores; see numpy_transformer/threads.py
     reuse_freed_memory()  # no fresh pages for every step's buffers; see allocator.py
-    given = {k: getattr(args, k) for k in OPTION_KEYS}
     if args.resume is not None:
-        extra = [flag(k) for k, v in given.items() if v is not None]
-        extra += [flag for flag, on in (("--task", args.task != DEFAULT_TASK),
-                                        ("--out", args.out), ("--force", args.force)) if on]
+        extra = [flag(o.key) for o in OPTIONS
+                 if o.key not in WITH_RESUME and getattr(args, o.key) is not None]
         if extra:
             raise UsageError(f"--resume continues a run exactly as it was configured; drop "
                              f"{' '.join(extra)}")
         from .runs.loop import resume_run
 
         return resume_run(args.resume, progress=not args.quiet)
-    config_fields, options = resolve_options(args.task, given)
+    given = {o.key: getattr(args, o.key) for o in OPTIONS if o.store}
+    config_fields, options = resolve_options(given.pop("task"), given)
     from .runs.loop import start_run
 
-    return start_run(config_fields, options, args.out, args.force, progress=not args.quiet)
+    return start_run(config_fields, options, args.out, bool(args.force),
+                     progress=not args.quiet)
 
 
 def cmd_sample(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from numpy_transformer import checkpoint as ck
 from numpy_transformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from numpy_transformer.nn import DecoderLM, EncoderDecoder, TransformerConfig
 from numpy_transformer.runs.options import resolve_options
-from numpy_transformer.runs.state import Run, run_from_checkpoint
+from numpy_transformer.runs.state import Run, read_run, rebuild_run
 from numpy_transformer.train import Batch
 
 
@@ -166,16 +166,16 @@ def test_weights_that_do_not_fit_the_config_are_refused(run, tmp_path):
              replace={"param." + name: np.zeros((8, 8), np.float32),
                       "adam_m." + name: np.zeros((8, 8), np.float32),
                       "adam_v." + name: np.zeros((8, 8), np.float32)})
-    c = load_checkpoint(bad)  # consistent in itself ...
+    load_checkpoint(bad)  # consistent in itself ...
     with pytest.raises(CheckpointError, match="do not match the model") as info:
-        run_from_checkpoint(c, bad)  # ... but not with the model its config describes
+        rebuild_run(read_run(bad))  # ... but not with the model its config describes
     assert "\n" not in str(info.value)
     config = dict(load_checkpoint(good).config, width=24)
     other = tmp_path / "other.npz"
     _rewrite(good, other, replace={"config": np.array(json.dumps(config))})
     with pytest.raises(CheckpointError, match="does not match the model|do not match"):
-        run_from_checkpoint(load_checkpoint(other), other)
-    assert run_from_checkpoint(load_checkpoint(good), good).trainer.step_count == 3
+        rebuild_run(read_run(other))
+    assert rebuild_run(read_run(good)).trainer.step_count == 3
 
 
 def test_save_checkpoint_takes_any_model(tmp_path):

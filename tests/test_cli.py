@@ -19,7 +19,7 @@ from numpy_transformer import cli, gradcheck_tables
 from numpy_transformer.checkpoint import load_checkpoint
 from numpy_transformer.nn import DecoderLM, TransformerConfig
 from numpy_transformer.runs.folder import read_log
-from numpy_transformer.runs.options import resolve_options
+from numpy_transformer.runs.options import OPTIONS, resolve_options
 from numpy_transformer.train import Trainer
 
 
@@ -38,27 +38,29 @@ def tiny_run(tmp_path_factory):
 
 def test_default_train_is_the_chapter_char_model():
     fields, options = resolve_options("lm", {})
-    assert fields == dict(width=84, heads=4, layers=2, ffn_width=168, max_len=100,
-                          norm="layernorm", activation="relu", positions="sinusoidal",
-                          norm_first=True, dropout=0.0, embed_scale=True,
-                          tie_embeddings=False, bias=True, backend="numba", dtype="float32")
+    chapter = dict(width=84, heads=4, layers=2, ffn_width=168, max_len=100, norm="layernorm",
+                   activation="relu", positions="sinusoidal", norm_first=True, dropout=0.0,
+                   embed_scale=True, tie_embeddings=False, bias=True, backend="numba",
+                   dtype="float32")
+    assert {k: fields[k] for k in chapter} == chapter  # (an option added since: its row's)
     assert (options["batch"], options["lr"], options["clip"], options["optimizer"],
             options["schedule"], options["text"]) == (64, 2e-3, 1.0, "adam", "constant", None)
     assert 1000 <= options["steps"] <= 1500  # ~5 minutes at 0.1-0.25 s a step on 2 cores
     config = TransformerConfig(vocab=104, **fields)
     assert DecoderLM(config).num_parameters() == 132488  # the chapter's count
     args = cli.build_parser().parse_args(["train"])
-    assert args.task == "lm" and args.out is None and args.resume is None
+    assert args.out is None and args.resume is None
+    assert all(getattr(args, o.key) is None for o in OPTIONS)  # None: not given
+    assert resolve_options(args.task, {}) == (fields, options)
 
 
 def test_shape_flags_reach_the_config():
     """--bias, --tie-embeddings and --embed-scale, each with its --no- form (the shapes the
     Hugging Face export needs), override the task's default and only it."""
-    from numpy_transformer.runs.options import OPTION_KEYS
-
     def fields(argv, task="lm"):
         args = cli.build_parser().parse_args(["train", *argv])
-        return resolve_options(task, {k: getattr(args, k) for k in OPTION_KEYS})[0]
+        given = {o.key: getattr(args, o.key) for o in OPTIONS if o.store and o.key != "task"}
+        return resolve_options(task, given)[0]
 
     keys = ("bias", "tie_embeddings", "embed_scale")
     assert [fields([])[k] for k in keys] == [True, False, True]

@@ -2,8 +2,8 @@
 the command line in a subprocess, asserting the exit code, exactly one line on stderr and no
 traceback.
 
-Exit codes: 0 success, 1 diverged, 2 bad input, 74 a file could not be read or written, 130 /
-143 stopped by a signal. Runs that train are tiny and use the NumPy backend (no numba to load).
+The exit codes are those of ``runs/options.py``'s EXIT_CODES. Runs that train are tiny and
+use the NumPy backend (no numba to load).
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ from numpy_transformer.data import window_schedule
 from numpy_transformer.generate import generate
 from numpy_transformer.nn import DecoderLM
 from numpy_transformer.optim import clip_grad_norm, global_norm
+from numpy_transformer.runs.outputs import EXIT_IO
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--width", "16", "--heads", "2", "--layers", "1", "--ffn-width", "32", "--context",
         "16", "--batch", "4", "--backend", "numpy", "--quiet"]
 HUGE = str(10 ** 12)
-EXIT_IO = 74
 
 
 def cli(*args, timeout: float = 120, preexec_fn=None, **popen) -> tuple[int, str, str]:

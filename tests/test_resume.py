@@ -15,7 +15,8 @@ from _run_helpers import PYTHON, TINY, TINY_FIELDS, one_line_error, run_cli, sma
 from numpy_transformer.checkpoint import load_checkpoint
 from numpy_transformer.runs.folder import read_log
 from numpy_transformer.runs.loop import resume_run, start_run
-from numpy_transformer.runs.options import UsageError, resolve_options
+from numpy_transformer.runs.options import resolve_options
+from numpy_transformer.runs.outputs import UsageError
 from numpy_transformer.train import Trainer
 
 STEPS = 24

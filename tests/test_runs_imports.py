@@ -1,5 +1,5 @@
-"""The run package's imports point one way (options <- folder <- state <- sample <- report <-
-loop), and the command line imports nothing heavy before a command runs."""
+"""The run package's imports point one way (outputs <- options <- folder <- state <- sample <-
+report <- loop), and the command line imports nothing heavy before a command runs."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ import numpy_transformer
 
 PACKAGE = Path(numpy_transformer.__file__).parent
 # Each module of numpy_transformer.runs may import only the modules before it.
-ORDER = ("options", "folder", "state", "sample", "precompile", "export", "report", "loop")
+ORDER = ("outputs", "options", "folder", "state", "sample", "precompile", "export", "report",
+         "loop")
 # What cli.py may import when it is loaded: the standard library and these light modules.
 CLI_TOP_LEVEL = {"numpy_transformer", "numpy_transformer._version", "numpy_transformer.allocator",
                  "numpy_transformer.config", "numpy_transformer.runs.options",
+                 "numpy_transformer.runs.outputs",
                  "numpy_transformer.threads"}
 
 
@@ -72,8 +74,10 @@ def test_runs_modules_import_one_way():
 def test_options_uses_only_the_standard_library_and_the_config():
     found = imported_modules(runs_sources()["options"], "numpy_transformer.runs.options")
     ours = {m for m in found if m.startswith("numpy_transformer")}
-    assert ours == {"numpy_transformer.config"}
+    assert ours == {"numpy_transformer.config", "numpy_transformer.runs.outputs"}
     assert not found & {"numpy", "numba", "matplotlib"}
+    found = imported_modules(runs_sources()["outputs"], "numpy_transformer.runs.outputs")
+    assert not {m for m in found if m.startswith("numpy_transformer")}
 
 
 def test_negative_control_an_upward_import_is_caught():

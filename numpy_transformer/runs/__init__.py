@@ -4,14 +4,19 @@ The command line (:mod:`numpy_transformer.cli`) parses arguments; everything a r
 lives in this package, so it can be driven from Python and tested without a subprocess. Each
 module imports only those above it in this list, never one below:
 
+``outputs``
+    what a run puts out: the files of a run folder, the exit codes,
+    :class:`~.outputs.UsageError` (standard library only: the command line reads it before
+    NumPy is loaded)
 ``options``
-    the tasks and their defaults, :func:`~.options.resolve_options`, the files of a run
-    folder, the exit codes, :class:`~.options.UsageError` (standard library only: the command
-    line reads it before NumPy is loaded)
+    the option table of ``train`` (:data:`~.options.OPTIONS`: the parser, each run's
+    defaults, the checks, what an older format lacks) and the tasks (the standard library and
+    the config only, for the same reason)
 ``folder``
     the run folder: choosing it, refusing to overwrite it, its checkpoint and its log
 ``state``
-    :class:`~.state.Run`, a run in memory, built from options or rebuilt from a checkpoint
+    :class:`~.state.Run`, a run in memory, built from options; :func:`~.state.read_run`, the
+    one way a run folder or checkpoint (of any format version read) is read back
 ``sample``
     text from a trained language model (``numpy-transformer sample``)
 ``precompile``

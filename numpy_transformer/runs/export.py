@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..export import export_run, optimizer_of
 from .folder import checkpoint_path
-from .options import UsageError
+from .outputs import UsageError
 from .state import model_from_checkpoint
 
 
@@ -24,7 +24,7 @@ def export_checkpoint(target: str | Path, fmt: str, out: str | Path | None = Non
         If the checkpoint cannot be read.
     """
     path = checkpoint_path(target)
-    model, tokenizer, ckpt = model_from_checkpoint(path)
+    model, tokenizer, ckpt = model_from_checkpoint(target)
     out = Path(out) if out else path.parent / fmt
     try:
         return export_run(out, fmt, model, tokenizer, optimizer_of(ckpt),

@@ -2,7 +2,7 @@
 checkpoint's path, and its log.
 
 The files a run folder holds, and what each contains, are listed once, in
-:data:`numpy_transformer.runs.options.RUN_FILES`. Every path into a run folder is made here, and
+:data:`numpy_transformer.runs.outputs.RUN_FILES`. Every path into a run folder is made here, and
 so is what guards the folder as a whole:
 
 * a process that trains in a folder holds it (:class:`FolderLock`): a second ``train`` or
@@ -20,18 +20,16 @@ import time
 from pathlib import Path
 
 from .._checks import check_file
-from ..checkpoint import CheckpointError, decode_json, load_checkpoint
-from ..files import atomic_write_text, temporary_names
-from .options import (
-    CHECKPOINT,
-    CONFIG,
-    LOG,
-    RUN_FILES,
-    UsageError,
-    default_run_folder,
-    say,
-    with_model,
+from ..checkpoint import (
+    FORMAT_VERSION,
+    CheckpointError,
+    check_format_version,
+    decode_json,
+    load_checkpoint,
 )
+from ..files import atomic_write_text, temporary_names
+from .options import default_run_folder, fill_missing
+from .outputs import CHECKPOINT, CONFIG, LOG, RUN_FILES, UsageError, say
 
 try:
     import fcntl
@@ -101,7 +99,7 @@ def new_run_folder(out: str | None, description: dict, force: bool) -> FolderLoc
                     raise UsageError(f"{path / name} is a folder, not the run's file; move it "
                                      f"away before --force")
                 (path / name).unlink(missing_ok=True)
-        atomic_write_text(path / CONFIG, json.dumps(description, indent=2) + "\n")
+        write_description(path, description)
         log_path(path).write_text("", encoding="utf-8")
     except BaseException:
         lock.release()
@@ -120,8 +118,8 @@ def _refuse_occupied(path: Path, description: dict) -> None:
     if held is None:
         raise UsageError(f"run folder {path} is not empty and holds no run; choose "
                          f"another --out or pass --force")
-    if isinstance(held.get("options"), dict):  # written before --model: a Transformer's
-        held = {**held, "options": with_model(held["options"])}
+    if all(isinstance(held.get(k), dict) for k in ("config", "options")):
+        held = _in_todays_format(held, path / CONFIG)
     diff = _differences(held, description)
     if diff:
         raise UsageError(f"run folder {path} holds a different run (differs in "
@@ -163,19 +161,42 @@ def _read_json(path: Path) -> dict | None:
 
 
 def read_description(run_dir: Path) -> dict:
-    """The run's ``config.json``: ``{"config": {...}, "options": {...}}``.
+    """The run's ``config.json``: ``{"format_version": int, "config": {...}, "options":
+    {...}}`` as it was written (a folder of format version 1 has no ``format_version``: it is
+    then 1).
 
     Raises
     ------
     UsageError
         If it is missing, not a file, not JSON or not such an object.
+    CheckpointError
+        If it is of a newer format version (both are named) or of none.
     """
     path = run_dir / CONFIG
     held = _read_json(path)
     if held is None or not all(isinstance(held.get(k), dict) for k in ("config", "options")):
         raise UsageError(f"{path} does not describe a run (a JSON object with 'config' and "
                          f"'options')")
-    return held
+    version = check_format_version(held.get("format_version", 1), str(path))
+    return {**held, "format_version": version}
+
+
+def _in_todays_format(held: dict, path: Path) -> dict:
+    """A ``config.json``'s description with what its format version did not record filled in
+    (:func:`~.options.fill_missing`)."""
+    version = check_format_version(held.get("format_version", 1), str(path))
+    config, options, _ = fill_missing(held["config"], held["options"], version)
+    return {"format_version": FORMAT_VERSION, "config": config, "options": options}
+
+
+def write_description(run_dir: Path, description: dict) -> None:
+    """Write the run's ``config.json`` (:meth:`~.state.Run.description`), atomically, unless
+    it holds exactly that already: a run of an older format that resumes leaves a folder of
+    today's."""
+    path = run_dir / CONFIG
+    if os.path.lexists(path) and _read_json(path) == description:
+        return
+    atomic_write_text(path, json.dumps(description, indent=2) + "\n")
 
 
 def _differences(a: dict, b: dict) -> list[str]:

@@ -9,23 +9,18 @@ whose state is saved; every Dropout layer's generator and the sampler's generato
 The step count is the position in the schedule. With the weights and Adam's moments saved
 bit for bit, step k + 1 after a resume computes exactly what it would have computed.
 
-Exit codes (:mod:`.options`): 0 finished, 1 training diverged (non-finite loss or gradient;
-the last good checkpoint is left untouched), 2 bad input (options, files, run folder,
-checkpoint), 130 stopped by SIGINT (Ctrl-C), 143 stopped by SIGTERM; in the last two cases a
-checkpoint was written first and ``numpy-transformer train --resume RUN_DIR`` continues.
+The exit codes these functions return are those of :data:`.outputs.EXIT_CODES`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import load_checkpoint
 from ..train import NonFiniteError, ProgressBar
 from .folder import (
     checkpoint_path,
@@ -33,10 +28,9 @@ from .folder import (
     existing_run_folder,
     log_path,
     new_run_folder,
-    read_description,
+    write_description,
 )
-from .options import (
-    CONFIG,
+from .outputs import (
     EXIT_DIVERGED,
     EXIT_IO,
     EXIT_OK,
@@ -47,7 +41,7 @@ from .options import (
 )
 from .precompile import precompile
 from .report import has_report, write_report
-from .state import Run, run_from_checkpoint, run_from_description
+from .state import Run, read_run, rebuild_run
 
 
 def start_run(config_fields: dict, options: dict, out: str | None, force: bool,
@@ -74,38 +68,37 @@ def resume_run(run_dir: str | Path, progress: bool = True) -> int:
     """Continue the run in ``run_dir`` from its checkpoint; returns the exit code.
 
     1. Hold the folder (no other process may train in it).
-    2. Rebuild the run from its checkpoint (:func:`~.state.run_from_checkpoint` checks that
-       the data and config are still those it was trained with). A folder holding only its
-       ``config.json`` (killed before the first save) starts the run from step 0.
+    2. Read it (:func:`~.state.read_run`: a run of an older format version is brought to
+       today's, saying what was filled in) and rebuild the run (:func:`~.state.rebuild_run`
+       checks that the data and config are still those it was trained with). A folder
+       holding only its ``config.json`` (killed before the first save) starts the run from
+       step 0.
     3. A run that finished and wrote its report: nothing to do.
-    4. Drop the log lines written after the checkpoint: those steps are recomputed, identically.
+    4. Drop the log lines written after the checkpoint: those steps are recomputed,
+       identically; ``config.json`` is written in today's format if it was not.
     5. Finished but stopped while writing the report: write the report again (the sampler's
        generator comes from the checkpoint, so the sample is the same). Otherwise train on.
     """
     with existing_run_folder(run_dir) as held:
         run_dir = held.folder
-        path = checkpoint_path(run_dir)
-        if not os.path.lexists(path) and os.path.lexists(run_dir / CONFIG):
-            description = read_description(run_dir)
-            run = run_from_description(description["config"], description["options"],
-                                       run_dir / CONFIG)
+        stored = read_run(run_dir)
+        run = rebuild_run(stored)
+        steps, ckpt = run.options["steps"], stored.checkpoint
+        if ckpt is None:
             say(f"{run_dir} has no checkpoint yet (stopped before its first save); starting "
                 f"its run from step 0")
-            cut_log(run_dir, 0)
-            run.save(path)
-            return train(run, run_dir, progress)
-        ckpt = load_checkpoint(path)
-        run = run_from_checkpoint(ckpt, path)
-        steps = run.options["steps"]
-        finished = ckpt.meta.get("finished") and ckpt.step >= steps
+            run.save(checkpoint_path(run_dir))
+        finished = ckpt is not None and ckpt.meta.get("finished") and ckpt.step >= steps
         if finished and has_report(run, run_dir):
             say(f"{run_dir} already finished its {steps} steps; nothing to resume")
             return EXIT_OK
-        cut_log(run_dir, ckpt.step)
+        cut_log(run_dir, run.trainer.step_count)
+        write_description(run_dir, run.description())
         if finished:
             say(f"{run_dir} finished training; writing its report")
             return write_report(run, run_dir)
-        say(f"resuming {run_dir} at step {ckpt.step} of {steps}")
+        if ckpt is not None:
+            say(f"resuming {run_dir} at step {ckpt.step} of {steps}")
         return train(run, run_dir, progress)
 
 

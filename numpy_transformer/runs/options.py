@@ -1,135 +1,60 @@
-"""What a run is asked to do: the tasks and their defaults, the files of a run folder, the exit
-codes, and the one error that means bad input.
+"""What a run is asked to do: the option table of ``numpy-transformer train`` and the tasks.
 
-This module is the bottom of :mod:`numpy_transformer.runs` and imports nothing but the standard
-library and the config's names, so the command line can build its help and refuse a bad option
-before NumPy is loaded. Every other module of the package may import it; it imports none of them.
+:data:`OPTIONS` has one row per option of ``train``, and everything else about the options is
+made from it: the command line's parser and help (``cli.py``), each run's defaults
+(:func:`resolve_options`: a config field's default is its dataclass's, unless the row overrides
+it for every run, a task or a model), the checks of options read back from disk
+(:func:`check_stored_options`), and what a run written by an older format version lacks
+(:func:`fill_missing`). A new option is one row here and the code that uses it.
+
+This module imports nothing but the standard library, the config and :mod:`.outputs`, so the
+command line can build its help and refuse a bad option before NumPy is loaded.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from ..config import DEFAULT_BACKEND
-
-
-class UsageError(ValueError):
-    """Bad input from the user: printed as one line, exit code 2."""
-
-
-def say(*parts: object) -> None:
-    """Print one message of the run on stdout, flushed."""
-    print(*parts, flush=True)
-
-
-def describe_os_error(e: OSError) -> str:
-    """A failed read or write in one line: the file, then the system's reason."""
-    reason = e.strerror or str(e)
-    return f"{e.filename}: {reason}" if e.filename else reason
-
+from ..config import (
+    ACTIVATIONS,
+    BACKENDS,
+    DTYPES,
+    NORMS,
+    POSITIONS,
+    LSTMConfig,
+    TransformerConfig,
+)
+from .outputs import MAX_SAMPLE_LENGTH, UsageError
 
 # --------------------------------------------------------------------------------------------
-# Exit codes
-# --------------------------------------------------------------------------------------------
-
-EXIT_OK = 0  # finished (also: --resume of a run that had already finished)
-EXIT_DIVERGED = 1  # a non-finite loss or gradient; the last good checkpoint is left untouched
-EXIT_USAGE = 2  # bad input: an option, a file, a run folder, a checkpoint, a size too large
-EXIT_IO = 74  # a file could not be read or written (sysexits.h's EX_IOERR): permission denied,
-#   a read-only folder, a full disk, a file-size limit; the previous checkpoint is left intact
-EXIT_ON_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + signal number, as a shell
-
-
-# --------------------------------------------------------------------------------------------
-# The files of a run folder
-# --------------------------------------------------------------------------------------------
-
-RUN_FILES = {  # every file a run writes into its folder, in the order it first writes them
-    "config.json": "the model config and the training options (written first)",
-    "checkpoint.npz": "weights, Adam moments, step, every RNG state (see checkpoint.py)",
-    "log.jsonl": 'one JSON line per step {"step", "loss", "lr", "grad_norm", "tokens_per_s"} '
-                 'and per evaluation {"step", "val_loss", ["val_acc"], ["final"]}',
-    "loss.png": "training loss (and held-out loss) against step",
-    "attention.png": "last layer's attention weights on a held-out snippet, one panel per head",
-    "sample.txt": "a sample from the final model",
-}
-CONFIG, CHECKPOINT, LOG, LOSS_PLOT, ATTENTION_PLOT, SAMPLE = RUN_FILES  # their names
-REPORT_FILES = (LOSS_PLOT, ATTENTION_PLOT, SAMPLE)  # written after the last step (report.py)
-# The files only some runs write: (option, the value of it that writes the file, who that is).
-# An LSTM has no attention map; a synthetic task has no text to sample.
-WRITTEN_ONLY_BY = {ATTENTION_PLOT: ("model", "transformer", "Transformers"),
-                   SAMPLE: ("task", "lm", "language models")}
-
-
-def files_of(task: str, model: str, names: tuple[str, ...] = tuple(RUN_FILES)) -> tuple[str, ...]:
-    """Those of ``names`` that a run of ``task`` and ``model`` writes (``WRITTEN_ONLY_BY``)."""
-    run = {"task": task, "model": model}
-    return tuple(name for name in names if name not in WRITTEN_ONLY_BY
-                 or run[WRITTEN_ONLY_BY[name][0]] == WRITTEN_ONLY_BY[name][1])
-
-
-# --------------------------------------------------------------------------------------------
-# The tasks and their defaults
+# The tasks and the models
 # --------------------------------------------------------------------------------------------
 
 TASKS = ("lm", "sort", "copy", "reverse")
 DEFAULT_TASK = "lm"
-MODELS = ("transformer", "lstm")  # --model of the LM: DecoderLM or LSTMLM; the tasks: the first
+# --model of the LM: DecoderLM or LSTMLM; the tasks train the first. Each model's config
+# dataclass: its fields are the options a run of it sets (the rows of OPTIONS storing "config").
+MODEL_CONFIGS = {"transformer": TransformerConfig, "lstm": LSTMConfig}
+MODELS = tuple(MODEL_CONFIGS)
 DEFAULT_MODEL = MODELS[0]
+CONFIG_FIELDS = {model: {f.name: f for f in dataclasses.fields(cls)}
+                 for model, cls in MODEL_CONFIGS.items()}
 COPY_SHIFT = 3  # the copy task predicts the digit 3 places back
-REVERSE_LENGTH = 8  # the reverse task's source length (its default --context)
-
-# The chapter's character model and its training recipe. 1,500 steps of 0.1-0.15 s (float32,
-# two cores, an otherwise idle machine) plus evaluation, plots and a sample: about four to five
-# minutes. Measured under load: a step is ~0.45 s with one BLAS thread on a third of a core,
-# i.e. ~0.15 s on a whole one. Lower it here if your machine is slower.
-MODEL_DEFAULTS = {
-    "lm": dict(width=84, heads=4, layers=2, ffn_width=168, max_len=100, norm="layernorm",
-               activation="relu", positions="sinusoidal", norm_first=True, dropout=0.0,
-               embed_scale=True, tie_embeddings=False, bias=True, backend=DEFAULT_BACKEND,
-               dtype="float32"),
-    # The synthetic tasks: short digit sequences, a small model learns them in a minute.
-    "task": dict(width=64, heads=4, layers=2, ffn_width=128, max_len=10, norm="layernorm",
-                 activation="relu", positions="sinusoidal", norm_first=True, dropout=0.0,
-                 embed_scale=False, tie_embeddings=False, bias=True, backend=DEFAULT_BACKEND,
-                 dtype="float32"),
-    # --model lstm: embedding 85, one layer of 128, context 100: 132,336 parameters at the
-    # chapter's vocabulary of 104, the Transformer's 132,488 less 0.11% (the chapter's own LSTM
-    # had 133,224). The LSTMConfig of experiments/charlm.py, trained with the LM's recipe.
-    "lstm": dict(hidden=128, embed=85, layers=1, max_len=100, backend=DEFAULT_BACKEND,
-                 dtype="float32"),
-}
-TRAIN_DEFAULTS = {
-    "lm": dict(steps=1500, batch=64, lr=2e-3, optimizer="adam", weight_decay=0.0, warmup=0,
-               schedule="constant", clip=1.0, seed=0, eval_every=250, save_every=100,
-               text=None),
-    "task": dict(steps=600, batch=64, lr=1e-3, optimizer="adam", weight_decay=0.0, warmup=0,
-                 schedule="constant", clip=1.0, seed=0, eval_every=200, save_every=100,
-                 text=None),
-}
-# The config fields a run of each model sets (not vocab and seed: the data and --seed set them)
-MODEL_KEYS = {"transformer": tuple(MODEL_DEFAULTS["lm"]), "lstm": tuple(MODEL_DEFAULTS["lstm"])}
-TRAIN_KEYS = tuple(TRAIN_DEFAULTS["lm"])
-# The options of one model only, e.g. --width (Transformer) and --hidden (LSTM), by model
-ONLY_OF = {model: tuple(k for k in keys
-                        if not any(k in MODEL_KEYS[other] for other in MODELS if other != model))
-           for model, keys in MODEL_KEYS.items()}
-OPTION_KEYS = ("model", *MODEL_KEYS["transformer"], *ONLY_OF["lstm"],
-               *TRAIN_KEYS)  # every option of train but --task: the user's
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("constant", "cosine")
 
-# What a finished language model writes to sample.txt, and what `numpy-transformer sample` does
-# unless told otherwise.
-SAMPLE_PROMPT = "def "  # the embedded corpus is Python; a vocabulary without it starts elsewhere
-SAMPLE_LENGTH, SAMPLE_TEMPERATURE = 300, 0.8
-MAX_SAMPLE_LENGTH = 1_000_000  # sample --length: a few minutes of the char model, not days
 
+def default_run_folder(task: str, model: str = DEFAULT_MODEL) -> Path:
+    """Where a run goes without ``--out``: ``runs/char-lm``, ``runs/char-lstm`` (``--model
+    lstm``) or ``runs/<task>``."""
+    if task != "lm":
+        return Path("runs") / task
+    return Path("runs") / ("char-lstm" if model == "lstm" else "char-lm")
 
 # --------------------------------------------------------------------------------------------
 # What each numeric option accepts
@@ -151,22 +76,6 @@ RATE = Rule(float, lambda v: 0 <= v < 1, "a probability in [0, 1)")
 SHARE = Rule(float, lambda v: 0 < v <= 1, "a probability in (0, 1]")
 LENGTH = Rule(int, lambda v: 0 < v <= MAX_SAMPLE_LENGTH,
               f"an integer from 1 to {MAX_SAMPLE_LENGTH:,}")
-# The numeric options of train, by key. Sizes have no upper bound here: what cannot fit in
-# memory is refused by numpy_transformer.memory before anything is allocated.
-TRAIN_NUMBERS = {"width": POSITIVE_INT, "heads": POSITIVE_INT, "layers": POSITIVE_INT,
-                 "ffn_width": POSITIVE_INT, "max_len": POSITIVE_INT, "dropout": RATE,
-                 "hidden": POSITIVE_INT, "embed": POSITIVE_INT,
-                 "lr": POSITIVE, "weight_decay": NONNEG, "warmup": NONNEG_INT, "clip": NONNEG,
-                 "batch": POSITIVE_INT, "steps": POSITIVE_INT, "seed": NONNEG_INT,
-                 "eval_every": NONNEG_INT, "save_every": NONNEG_INT}
-
-
-FLAGS = {"max_len": "--context", "norm_first": "--post-ln"}  # the options named otherwise
-
-
-def flag(key: str) -> str:
-    """The command-line flag of option ``key``: ``"ffn_width"`` -> ``"--ffn-width"``."""
-    return FLAGS.get(key, "--" + key.replace("_", "-"))
 
 
 def parse_number(rule: Rule, text: str) -> float:
@@ -186,31 +95,212 @@ def parse_number(rule: Rule, text: str) -> float:
     return value
 
 
-def check_stored_options(config_fields: dict, options: dict) -> None:
-    """Check options read back from a run folder or a checkpoint as the command line checks
-    what it parses: each number's type and range, each choice's name.
+# --------------------------------------------------------------------------------------------
+# The option table
+# --------------------------------------------------------------------------------------------
+
+MISSING = dataclasses.MISSING
+
+
+class Option(NamedTuple):
+    """One option of ``numpy-transformer train``: a row of :data:`OPTIONS`."""
+
+    key: str  # its name in config.json (and the argparse dest)
+    group: str  # the section of --help it is listed in
+    help: str  # what it does; --help adds its defaults ([84; the tasks: 64])
+    store: str | None = "options"  # where a run records it: "config", a field of the model
+    #   configs that have it (MODEL_CONFIGS); "options", a training option; None: not at all
+    #   (how this command runs)
+    rule: Rule | None = None  # a number: its type and range
+    choices: tuple[str, ...] | None = None  # a name: the registry it is one of
+    switch: str | None = None  # a boolean: "both" (--x / --no-x), "off" (the flag sets False),
+    #   "on" (the flag sets True)
+    default: object = MISSING  # the default of every run (of a config field: instead of its
+    #   dataclass's, which applies when there is none)
+    overrides: dict | None = None  # the default of some runs, by the task ("reverse"), the
+    #   model ("transformer") or "task" (every synthetic task), looked up in that order
+    since: tuple[int, object] | None = None  # (N, X): recorded from format version N on; a
+    #   run of an older version that lacks it did what X does (fill_missing). A new option
+    #   takes the next version, and checkpoint.FORMAT_VERSION becomes it
+    flag: str | None = None  # on the command line; None: "--" + key with dashes
+    metavar: str | None = None
+    shown: dict | None = None  # how --help shows a default value, where not as itself
+
+
+DATA, MODEL, TRANSFORMER, LSTM = ("data", "model", f"Transformer (--model {DEFAULT_MODEL})",
+                                  "LSTM (--model lstm)")
+TRAINING, FOLDER = "optimisation", "run folder"
+
+OPTIONS = (
+    Option("task", DATA, "lm: next-character model (DecoderLM, or LSTMLM with --model lstm); "
+           f"sort (EncoderClassifier), copy (DecoderLM, digit {COPY_SHIFT} back), reverse "
+           "(EncoderDecoder)", choices=TASKS, default=DEFAULT_TASK),
+    Option("text", DATA, "UTF-8 text to train the LM on", metavar="FILE", default=None,
+           shown={None: "the embedded corpus: this library's own source"}),
+    Option("model", MODEL, "the language model: a Transformer (DecoderLM) or an LSTM "
+           "(LSTMLM); --task lm only", choices=MODELS, default=DEFAULT_MODEL,
+           since=(2, DEFAULT_MODEL)),  # runs written before --model trained a Transformer
+    Option("layers", MODEL, "Transformer blocks, or stacked LSTM layers", "config",
+           POSITIVE_INT, overrides={"transformer": 2}),
+    Option("max_len", MODEL, "window length T = max_len, the size of a Transformer's position "
+           "table", "config", POSITIVE_INT, default=100, overrides={"task": 10, "reverse": 8},
+           flag="--context", metavar="T"),  # the reverse task: its source length
+    Option("dtype", MODEL, "", "config", choices=DTYPES, default="float32"),
+    Option("backend", MODEL, "numpy: the readable NumPy references; numba: the fused kernels "
+           "(attention, norms, activations, loss, LSTM recurrence)", "config",
+           choices=BACKENDS),
+    # The chapter's character model, and a smaller one for the synthetic tasks' short digit
+    # sequences (a minute's training).
+    Option("width", TRANSFORMER, "residual width C", "config", POSITIVE_INT, default=84,
+           overrides={"task": 64}),
+    Option("heads", TRANSFORMER, "attention heads, must divide width", "config", POSITIVE_INT,
+           default=4),
+    Option("ffn_width", TRANSFORMER, "feed-forward hidden width", "config", POSITIVE_INT,
+           default=168, overrides={"task": 128}),
+    Option("norm", TRANSFORMER, "", "config", choices=NORMS),
+    Option("activation", TRANSFORMER, "", "config", choices=ACTIVATIONS, default="relu"),
+    Option("positions", TRANSFORMER, "", "config", choices=POSITIONS),
+    Option("norm_first", TRANSFORMER, "post-LN blocks as Vaswani et al.", "config",
+           switch="off", flag="--post-ln", shown={True: "pre-LN", False: "post-LN"}),
+    Option("dropout", TRANSFORMER, "", "config", RATE),
+    Option("embed_scale", TRANSFORMER, "multiply the token embeddings by sqrt(width), as "
+           "Vaswani et al.", "config", switch="both", default=True, overrides={"task": False}),
+    Option("tie_embeddings", TRANSFORMER, "the output head reuses the token embedding table, "
+           "as GPT-2", "config", switch="both"),
+    Option("bias", TRANSFORMER, "every linear layer adds a bias; --no-bias drops them all, as "
+           "LLaMA", "config", switch="both"),
+    # --model lstm: embedding 85, one layer of 128, context 100: 132,336 parameters at the
+    # chapter's vocabulary of 104, the Transformer's 132,488 less 0.11% (the chapter's own
+    # LSTM had 133,224). The LSTMConfig of experiments/charlm.py, trained with the LM's recipe.
+    Option("hidden", LSTM, "width H of the hidden and cell states", "config", POSITIVE_INT,
+           default=128),
+    Option("embed", LSTM, "width E of the token embedding; the default lands near the "
+           "Transformer's size", "config", POSITIVE_INT, default=85),
+    # The chapter's training recipe. 1,500 steps of 0.1-0.15 s (float32, two cores, an
+    # otherwise idle machine) plus evaluation, plots and a sample: about four to five minutes.
+    # Measured under load: a step is ~0.45 s with one BLAS thread on a third of a core, i.e.
+    # ~0.15 s on a whole one. Lower it here if your machine is slower.
+    Option("optimizer", TRAINING, "", choices=OPTIMIZERS, default="adam"),
+    Option("lr", TRAINING, "peak learning rate", rule=POSITIVE, default=2e-3,
+           overrides={"task": 1e-3}),
+    Option("weight_decay", TRAINING, "", rule=NONNEG, default=0.0),
+    Option("warmup", TRAINING, "linear warmup steps", rule=NONNEG_INT, default=0),
+    Option("schedule", TRAINING, "", choices=SCHEDULES, default="constant"),
+    Option("clip", TRAINING, "global gradient-norm clip, 0 = off", rule=NONNEG, default=1.0),
+    Option("batch", TRAINING, "windows per step", rule=POSITIVE_INT, default=64),
+    Option("steps", TRAINING, "updates", rule=POSITIVE_INT, default=1500,
+           overrides={"task": 600}),
+    Option("seed", TRAINING, "fixes the weights, the data order and every dropout mask",
+           rule=NONNEG_INT, default=0),
+    Option("eval_every", TRAINING, "held-out loss every N steps, 0 = only at the end",
+           rule=NONNEG_INT, default=250, overrides={"task": 200}),
+    Option("save_every", TRAINING, "checkpoint every N steps, 0 = only at the end",
+           rule=NONNEG_INT, default=100),
+    Option("out", FOLDER, f"where the run goes [{default_run_folder('lm')}, "
+           f"{default_run_folder('lm', 'lstm')} or {default_run_folder('TASK')}; if in use, a "
+           "new folder with a timestamp suffix]", None, metavar="RUN_DIR"),
+    Option("force", FOLDER, "reuse a non-empty --out (our files in it are replaced)", None,
+           switch="on"),
+    Option("resume", FOLDER, "continue the run in RUN_DIR exactly where its checkpoint left it "
+           "(takes no model/optimiser options)", None, metavar="RUN_DIR"),
+    Option("quiet", FOLDER, "no progress bar", None, switch="on"),
+)
+BY_KEY = {option.key: option for option in OPTIONS}
+
+
+def applies(option: Option, model: str) -> bool:
+    """Whether a run of ``model`` has ``option``: a config field only the configs that have
+    the field (``--width`` is a Transformer's, ``--hidden`` an LSTM's)."""
+    return option.store != "config" or option.key in CONFIG_FIELDS.get(model, {})
+
+
+# The config fields a run of each model sets (not vocab, seed, num_classes: the data and
+# --seed set them) and the training options it records (task and model among them).
+MODEL_KEYS = {model: tuple(o.key for o in OPTIONS if o.store == "config" and applies(o, model))
+              for model in MODELS}
+TRAIN_KEYS = tuple(o.key for o in OPTIONS if o.store == "options")
+# The options of one model only, e.g. --width (Transformer) and --hidden (LSTM), by model
+ONLY_OF = {model: tuple(k for k in keys
+                        if not any(k in MODEL_KEYS[other] for other in MODELS if other != model))
+           for model, keys in MODEL_KEYS.items()}
+# The numeric options of train, by key. Sizes have no upper bound here: what cannot fit in
+# memory is refused by numpy_transformer.memory before anything is allocated.
+TRAIN_NUMBERS = {o.key: o.rule for o in OPTIONS if o.rule is not None}
+
+
+def flag(key: str) -> str:
+    """The command-line flag of option ``key``: ``"ffn_width"`` -> ``"--ffn-width"``."""
+    option = BY_KEY.get(key)
+    return option.flag if option and option.flag else "--" + key.replace("_", "-")
+
+
+def default_of(option: Option, task: str, model: str) -> object:
+    """The default of ``option`` in a run of ``task`` and ``model``: the row's override for
+    the task, the model or every synthetic task (``"task"``), in that order; else the row's
+    default; else the default of the model config's field."""
+    overrides = option.overrides or {}
+    for profile in (task, model, "task" if task != "lm" else None):
+        if profile in overrides:
+            return overrides[profile]
+    if option.default is not MISSING:
+        return option.default
+    field = CONFIG_FIELDS[model].get(option.key)
+    if field is None or field.default is MISSING:
+        raise LookupError(f"{flag(option.key)} has no default for --task {task} --model "
+                          f"{model}: give its row in OPTIONS one")
+    return field.default
+
+
+def shown(option: Option, value: object) -> str:
+    """How ``--help`` and the notes show a value of ``option``: booleans as on / off."""
+    if option.shown and value in option.shown:
+        return option.shown[value]
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+# --------------------------------------------------------------------------------------------
+# The options of a run: from the command line, and read back from disk
+# --------------------------------------------------------------------------------------------
+
+def resolve_options(task: str | None, given: dict) -> tuple[dict, dict]:
+    """Merge the options the user gave (``None`` = not given) into the defaults of the task
+    (``None``: :data:`DEFAULT_TASK`) and the model (``given["model"]``, default
+    :data:`DEFAULT_MODEL`).
+
+    Returns ``(config_fields, train_options)``: keyword arguments of the model's config,
+    TransformerConfig or LSTMConfig (without ``vocab``, which the data decides), and the
+    training options, ``task`` and ``model`` included.
 
     Raises
     ------
     UsageError
-        Naming the first bad option.
+        For an unknown task, model or option, an option of the other model (``--width`` for
+        an LSTM, ``--hidden`` for a Transformer), or options that do not fit together.
     """
-    given = {**config_fields, **options}
-    for key, allowed in (("task", TASKS), ("model", MODELS), ("optimizer", OPTIMIZERS),
-                         ("schedule", SCHEDULES)):
-        if given.get(key) not in allowed:
-            raise UsageError(f"--{key} {given.get(key)!r}: expected one of {allowed}")
-    check_model_fits_task(given["task"], given["model"])
-    for key in MODEL_KEYS[given["model"]] + TRAIN_KEYS:
-        rule = TRAIN_NUMBERS.get(key)
-        if rule is None:
-            continue
-        value = given.get(key)
-        types = (int,) if rule.kind is int else (int, float)
-        if isinstance(value, bool) or not isinstance(value, types) or not rule.ok(value):
-            raise UsageError(f"{flag(key)} {value!r}: expected {rule.expected}")
-    if not isinstance(given.get("text"), (str, type(None))):
-        raise UsageError(f"--text {given.get('text')!r}: expected a file name")
+    task = DEFAULT_TASK if task is None else task
+    model = given.get("model") or DEFAULT_MODEL
+    for key, value in (("task", task), ("model", model)):
+        if value not in BY_KEY[key].choices:
+            raise UsageError(f"--{key} must be one of {BY_KEY[key].choices}, got {value!r}")
+    check_model_fits_task(task, model)
+    unknown = [k for k in given if k not in BY_KEY or k == "task" or not BY_KEY[k].store]
+    if unknown:
+        raise UsageError(f"unknown option {unknown[0]!r}")
+    foreign = [k for k, value in given.items() if value is not None
+               and not applies(BY_KEY[k], model)]
+    if foreign:
+        owner = next(other for other in MODELS if foreign[0] in ONLY_OF[other])
+        names = ", ".join(flag(key) for key in foreign)
+        raise UsageError(f"{names} {'is an option' if len(foreign) == 1 else 'are options'} of "
+                         f"--model {owner} only, not of --model {model}")
+    values = {o.key: default_of(o, task, model) for o in OPTIONS if o.store and applies(o, model)}
+    values.update({k: v for k, v in given.items() if v is not None}, task=task, model=model)
+    config = {k: values[k] for k in MODEL_KEYS[model]}
+    train = {k: values[k] for k in TRAIN_KEYS}
+    check_together(config, train)
+    if train["text"] is not None:
+        train["text"] = os.path.abspath(train["text"])  # resume works from any folder
+    return config, train
 
 
 def check_model_fits_task(task: str, model: str) -> None:
@@ -225,70 +315,92 @@ def check_model_fits_task(task: str, model: str) -> None:
                          f"Transformer")
 
 
-def with_model(options: dict) -> dict:
-    """``options`` with its ``model``: options written before ``--model`` existed describe a
-    Transformer."""
-    return {"model": DEFAULT_MODEL, **options}
-
-
-def default_run_folder(task: str, model: str = DEFAULT_MODEL) -> Path:
-    """Where a run goes without ``--out``: ``runs/char-lm``, ``runs/char-lstm`` (``--model
-    lstm``) or ``runs/<task>``."""
-    if task != "lm":
-        return Path("runs") / task
-    return Path("runs") / ("char-lstm" if model == "lstm" else "char-lm")
-
-
-def resolve_options(task: str, given: dict) -> tuple[dict, dict]:
-    """Merge the options the user gave (``None`` = not given) into the defaults of the task
-    and the model (``given["model"]``, default :data:`DEFAULT_MODEL`).
-
-    Returns ``(config_fields, train_options)``: keyword arguments of the model's config,
-    TransformerConfig or LSTMConfig (without ``vocab``, which the data decides), and the
-    training options, ``task`` and ``model`` included.
+def check_together(config: dict, train: dict) -> None:
+    """Refuse options that are each fine but do not fit together.
 
     Raises
     ------
     UsageError
-        For an unknown task, model or option, an option of the other model (``--width`` for
-        an LSTM, ``--hidden`` for a Transformer), or options that do not fit together.
     """
-    if task not in TASKS:
-        raise UsageError(f"--task must be one of {TASKS}, got {task!r}")
-    model_kind = given.get("model") or DEFAULT_MODEL
-    if model_kind not in MODELS:
-        raise UsageError(f"--model must be one of {MODELS}, got {model_kind!r}")
-    check_model_fits_task(task, model_kind)
-    foreign = [key for key, value in given.items() if value is not None
-               and any(key in ONLY_OF[other] for other in MODELS if other != model_kind)]
-    if foreign:
-        owner = next(other for other in MODELS if foreign[0] in ONLY_OF[other])
-        names = ", ".join(flag(key) for key in foreign)
-        raise UsageError(f"{names} {'is an option' if len(foreign) == 1 else 'are options'} of "
-                         f"--model {owner} only, not of --model {model_kind}")
-    kind = "lm" if task == "lm" else "task"
-    model = dict(MODEL_DEFAULTS["lstm" if model_kind == "lstm" else kind])
-    if task == "reverse":
-        model["max_len"] = REVERSE_LENGTH
-    train = dict(TRAIN_DEFAULTS[kind])
-    for key, value in given.items():
-        if value is None or key == "model":
-            continue
-        if key in model:
-            model[key] = value
-        elif key in train:
-            train[key] = value
-        else:
-            raise UsageError(f"unknown option {key!r}")
+    task = train["task"]
     if task != "lm" and train["text"] is not None:
         raise UsageError(f"--text is for --task lm; the {task} task makes its own data")
     if train["schedule"] == "cosine" and train["warmup"] >= train["steps"]:
         raise UsageError(f"--warmup {train['warmup']} must be smaller than --steps "
                          f"{train['steps']} for the cosine schedule")
-    if task == "copy" and model["max_len"] <= COPY_SHIFT:
+    if task == "copy" and config["max_len"] <= COPY_SHIFT:
         raise UsageError(f"the copy task predicts the digit {COPY_SHIFT} places back: --context "
-                         f"must exceed {COPY_SHIFT}, got {model['max_len']}")
-    if train["text"] is not None:
-        train["text"] = os.path.abspath(train["text"])  # resume works from any folder
-    train["task"], train["model"] = task, model_kind
-    return model, train
+                         f"must exceed {COPY_SHIFT}, got {config['max_len']}")
+
+
+def check_value(option: Option, value: object) -> None:
+    """Refuse a value of ``option`` read back from disk that the command line would not give.
+
+    Raises
+    ------
+    UsageError
+        Naming the flag, the value and what was expected.
+    """
+    if option.rule is not None:
+        types = (int,) if option.rule.kind is int else (int, float)
+        ok = not isinstance(value, bool) and isinstance(value, types) and option.rule.ok(value)
+        expected = option.rule.expected
+    elif option.choices is not None:
+        ok, expected = isinstance(value, str) and value in option.choices, \
+            f"one of {option.choices}"
+    elif option.switch is not None:
+        ok, expected = isinstance(value, bool), "true or false"
+    else:
+        ok, expected = isinstance(value, (str, type(None))), "a file name"
+    if not ok:
+        raise UsageError(f"{flag(option.key)} {value!r}: expected {expected}")
+
+
+def check_stored_options(config: dict, options: dict) -> None:
+    """Check a config and its options read back from a run folder or a checkpoint as the
+    command line checks what it parses: every option there and none unknown, each number's
+    type and range, each choice's name, and that they fit together.
+
+    Raises
+    ------
+    UsageError
+        Naming the first bad option.
+    """
+    unknown = sorted(set(options) - set(TRAIN_KEYS))
+    if unknown:
+        raise UsageError(f"unknown options {unknown} (from a newer version?)")
+    trained = [o for o in OPTIONS if o.store == "options"]
+    _check_recorded(trained, options)
+    for key in ("task", "model"):  # they decide what else there is
+        check_value(BY_KEY[key], options[key])
+    check_model_fits_task(options["task"], options["model"])
+    fields = [o for o in OPTIONS if o.store == "config" and applies(o, options["model"])]
+    _check_recorded(fields, config)
+    for o in trained + fields:
+        check_value(o, (config if o.store == "config" else options)[o.key])
+    check_together(config, options)
+
+
+def _check_recorded(rows: list[Option], values: dict) -> None:
+    """Refuse ``values`` read back from disk that lack any of ``rows``."""
+    missing = [flag(o.key) for o in rows if o.key not in values]
+    if missing:
+        raise UsageError(f"no {', '.join(missing)} recorded")
+
+
+def fill_missing(config: dict, options: dict, version: int) -> tuple[dict, dict, list[str]]:
+    """A run's config and options written in format ``version``, in today's format: each
+    option recorded only since a later version that they lack (its row's ``since``) takes the
+    value that reproduces what runs of ``version`` did.
+
+    Returns the new config and options, and ``"--flag value"`` of each option filled in.
+    """
+    config, options, filled = dict(config), dict(options), []
+    for store, values in (("options", options), ("config", config)):  # the model comes first
+        for o in OPTIONS:
+            if o.store != store or o.since is None or version >= o.since[0] or o.key in values:
+                continue
+            if applies(o, options.get("model")):
+                values[o.key] = o.since[1]
+                filled.append(f"{flag(o.key)} {shown(o, o.since[1])}")
+    return config, options, filled

@@ -44,7 +44,8 @@ from ..config import KERNEL_MODULES
 from ..generate import generate
 from ..memory import available_memory, training_bytes
 from ..threads import available_cores
-from .options import MODEL_KEYS, say
+from .options import MODEL_KEYS
+from .outputs import say
 from .sample import default_prompt
 from .state import Run
 

@@ -1,6 +1,6 @@
 """What a run writes after its last step: the held-out loss, the loss plot, for a Transformer
 the attention map and, for a language model, a sample (the files of
-:data:`~.options.REPORT_FILES` that :func:`~.options.files_of` the run names)."""
+:data:`~.outputs.REPORT_FILES` that :func:`~.outputs.files_of` the run names)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ..files import atomic_write_text
 from ..generate import generate
 from ..plots import attention_plot, loss_plot
 from .folder import log_path, read_log
-from .options import (
+from .outputs import (
     ATTENTION_PLOT,
     CONFIG,
     EXIT_DIVERGED,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,8 @@ from ..data import CharTokenizer
 from ..generate import generate
 from ..nn import LSTMLM, DecoderLM
 from .folder import checkpoint_path
-from .options import LENGTH, SAMPLE_PROMPT, UsageError
+from .options import LENGTH
+from .outputs import SAMPLE_PROMPT, UsageError
 from .state import model_from_checkpoint
 
 
@@ -25,7 +27,8 @@ def sample_checkpoint(target: str | Path, prompt: str | None, length: int, seed:
                       **sampling) -> str:
     """Continue ``prompt`` (default: :func:`default_prompt`) with the language model of a run
     folder or checkpoint file ``target``; ``sampling``: the keywords of
-    :func:`~numpy_transformer.generate.generate`. Returns the prompt and what followed it.
+    :func:`~numpy_transformer.generate.generate`. Returns the prompt and what followed it;
+    what reading a run of an older format filled in is said on stderr.
 
     Raises
     ------
@@ -39,7 +42,8 @@ def sample_checkpoint(target: str | Path, prompt: str | None, length: int, seed:
     if not LENGTH.ok(length):
         raise UsageError(f"--length {length}: expected {LENGTH.expected}")
     path = checkpoint_path(target)
-    model, tokenizer, _ = model_from_checkpoint(path)
+    notes: list[str] = []  # what reading a run of an older format filled in (said below)
+    model, tokenizer, _ = model_from_checkpoint(target, note=notes.append)
     if tokenizer is None or not isinstance(model, (DecoderLM, LSTMLM)):
         raise UsageError(f"{path}: sample needs a character language model (a --task lm run)")
     prompt = default_prompt(tokenizer) if prompt is None else prompt
@@ -56,6 +60,8 @@ def sample_checkpoint(target: str | Path, prompt: str | None, length: int, seed:
     except ValueError as e:  # a bad sampling option, or logits that are not finite
         hint = "; the weights are too large to compute with" if "logits" in str(e) else ""
         raise UsageError(f"{path}: cannot sample: {e}{hint}") from None
+    for line in notes:  # on stderr (stdout is the text), and only when there was no error
+        print(line, file=sys.stderr, flush=True)
     return tokenizer.decode(out)
 
 

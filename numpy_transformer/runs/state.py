@@ -1,21 +1,27 @@
 """A run in memory: the data, model, optimiser, trainer and every random generator of one
-training run, built from its options or rebuilt from its checkpoint.
+training run, built from its options or rebuilt from its run folder.
 
-:class:`Run` builds everything from the options of :func:`~.options.resolve_options`;
-:func:`run_from_checkpoint` rebuilds the same run from a checkpoint and loads the checkpoint
-into it (that is all ``--resume`` needs before training on); :func:`model_from_checkpoint`
-rebuilds just the model and its tokenizer, for sampling.
+:class:`Run` builds everything from the options of :func:`~.options.resolve_options`.
+:func:`read_run` reads a run folder or a checkpoint file, of any format version this library
+reads, into today's format: ``train --resume``, ``sample`` and ``export`` all read one through
+it. :func:`rebuild_run` then rebuilds the same run and loads its checkpoint into it (that is
+all ``--resume`` needs before training on); :func:`model_from_checkpoint` rebuilds just the
+model and its tokenizer, for sampling and export.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from ..checkpoint import (
+    FORMAT_VERSION,
+    Checkpoint,
     CheckpointError,
     dropout_layers,
     load_checkpoint,
@@ -46,16 +52,9 @@ from ..optim import Adam, AdamW
 from ..schedules import constant_lr, warmup_cosine
 from ..tasks import IGNORE_INDEX, copy_back_batch, reverse_batch, sort_batch
 from ..train import Batch, Trainer
-from .options import (
-    COPY_SHIFT,
-    MODEL_KEYS,
-    MODELS,
-    TRAIN_KEYS,
-    UsageError,
-    check_stored_options,
-    flag,
-    with_model,
-)
+from .folder import checkpoint_path, read_description
+from .options import COPY_SHIFT, MODEL_KEYS, check_stored_options, fill_missing, flag
+from .outputs import CONFIG, UsageError, say
 
 MODEL_CLASSES = {"lm": DecoderLM, "copy": DecoderLM, "sort": EncoderClassifier,
                  "reverse": EncoderDecoder}  # the Transformer of each task
@@ -211,8 +210,9 @@ class Run:
                 "data_fingerprint": self.data_fingerprint}
 
     def description(self) -> dict:
-        """What config.json holds; two runs with equal descriptions are the same run."""
-        return {"config": dataclasses.asdict(self.config), "options": self.options}
+        """What config.json holds; two runs with equal config and options are the same run."""
+        return {"format_version": FORMAT_VERSION, "config": dataclasses.asdict(self.config),
+                "options": self.options}
 
     # ---------------------------------------------------------------- checkpoints
     def save(self, path: Path, finished: bool = False) -> None:
@@ -266,92 +266,128 @@ def _embedded_corpus() -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# A run, or its model, rebuilt from a checkpoint
+# A run read back from disk; the run, or its model, rebuilt from it
 # --------------------------------------------------------------------------------------------
 
-def run_from_description(config: dict, options: dict, source: str | Path) -> Run:
-    """Rebuild the :class:`Run` that a config and its options describe (a checkpoint's, or a
-    run folder's ``config.json``), checking them as the command line checks its options.
+class StoredRun(NamedTuple):
+    """A run read back from disk, in today's format (:func:`read_run`)."""
+
+    source: Path  # the file its config and options came from: a checkpoint, or config.json
+    config: dict  # the model's config, every field
+    options: dict  # the training options, task and model among them
+    model_class: type  # the model those options train
+    checkpoint: Checkpoint | None  # with the config and options above; None: the run
+    #   stopped before its first checkpoint (a folder holding only its config.json)
+
+
+def read_run(target: str | Path, note: Callable[[str], None] = say) -> StoredRun:
+    """Read the run of a run folder or checkpoint file ``target``: the one way ``train
+    --resume``, ``sample`` and ``export`` read one.
+
+    1. A folder means its checkpoint, or its ``config.json`` if it has none yet.
+    2. A newer format version than :data:`~numpy_transformer.checkpoint.FORMAT_VERSION` is
+       refused, naming both.
+    3. An older one is brought to today's format: each option its version did not record
+       takes the value that reproduces what it did (:func:`~.options.fill_missing`), and
+       ``note`` gets one line naming them.
+    4. The options are checked as the command line checks its own, and must train the model
+       the checkpoint holds.
 
     Raises
     ------
     CheckpointError
-        Naming ``source`` and what does not fit.
+        Naming the file and the first thing that does not fit.
+    UsageError
+        If ``config.json`` does not describe a run.
     """
-    run = _rebuild(config, options, source)
-    _check_same_config(run, config, source)
-    return run
-
-
-def run_from_checkpoint(ckpt, path: Path) -> Run:
-    """Rebuild the :class:`Run` a checkpoint was written by and load the checkpoint into it."""
-    run = _rebuild(ckpt.config, ckpt.options, path)
-    if ckpt.meta.get("model") != type(run.model).__name__:
-        raise CheckpointError(f"{path}: the checkpoint holds a {ckpt.meta.get('model')!r} but "
-                              f"its options train a {type(run.model).__name__} (--model "
-                              f"{run.model_kind}); cannot resume")
-    same_tokens = ckpt.tokenizer == (run.tokenizer.to_dict() if run.tokenizer else None)
-    if run.data_fingerprint != ckpt.meta.get("data_fingerprint") or not same_tokens:
-        what = ckpt.options["text"] or "the embedded corpus"
-        raise CheckpointError(f"{path}: the training data changed since the checkpoint was "
-                              f"written ({what}); cannot resume exactly")
-    _check_same_config(run, ckpt.config, path)
-    run.restore(ckpt, path)
-    return run
-
-
-def _rebuild(config: dict, options: dict, source: str | Path) -> Run:
-    if not isinstance(config, dict) or not isinstance(options, dict) \
-            or set(TRAIN_KEYS) | {"task"} != set(options) - {"model"}:
-        raise CheckpointError(f"{source}: config or options are incomplete or from another "
-                              f"version")
-    options = with_model(options)
-    if options["model"] not in MODELS:
-        raise CheckpointError(f"{source}: unknown --model {options['model']!r}; expected one "
-                              f"of {MODELS}")
-    missing = [k for k in MODEL_KEYS[options["model"]] if k not in config]
-    if missing:
-        raise CheckpointError(f"{source}: the config is not one of a --model "
-                              f"{options['model']} (it lacks {', '.join(missing)})")
-    fields = {k: config[k] for k in MODEL_KEYS[options["model"]]}
+    target = Path(target)
+    path = checkpoint_path(target)
+    if target.is_dir() and not os.path.lexists(path) and os.path.lexists(target / CONFIG):
+        held, ckpt, source = read_description(target), None, target / CONFIG
+        version, config, options = held["format_version"], held["config"], held["options"]
+    else:
+        ckpt, source = load_checkpoint(path), path
+        version, config, options = ckpt.version, ckpt.config, ckpt.options
+    config, options, filled = fill_missing(config, options, version)
+    if filled:
+        note(f"{source}: written in format version {version}, read as version "
+             f"{FORMAT_VERSION} with what it did not record filled in as it did: "
+             f"{', '.join(filled)}")
     try:
-        check_stored_options(fields, options)
-        return Run(fields, dict(options))
+        check_stored_options(config, options)
+    except UsageError as e:
+        raise CheckpointError(f"{source}: {e}") from None
+    model_class = LSTMLM if options["model"] == "lstm" else MODEL_CLASSES[options["task"]]
+    if ckpt is not None:
+        if ckpt.meta.get("model") != model_class.__name__:
+            raise CheckpointError(f"{source}: the checkpoint holds a {ckpt.meta.get('model')!r} "
+                                  f"but its options train a {model_class.__name__} (--task "
+                                  f"{options['task']} --model {options['model']})")
+        ckpt = dataclasses.replace(ckpt, config=config, options=options)
+    return StoredRun(source, config, options, model_class, ckpt)
+
+
+def rebuild_run(stored: StoredRun) -> Run:
+    """The :class:`Run` that ``stored`` describes, with its checkpoint (if any) loaded into
+    it: the data, config and weights must be those it was trained with.
+
+    Raises
+    ------
+    CheckpointError
+        Naming the file and what does not fit.
+    """
+    source, ckpt = stored.source, stored.checkpoint
+    fields = {k: stored.config[k] for k in MODEL_KEYS[stored.options["model"]]}
+    try:
+        run = Run(fields, dict(stored.options))
     except (ValueError, TypeError, KeyError) as e:  # e.g. the --text file is gone
         raise CheckpointError(f"{source}: cannot rebuild the run: {e}") from None
-
-
-def _check_same_config(run: Run, config: dict, source: str | Path) -> None:
+    if ckpt is not None:
+        same_tokens = ckpt.tokenizer == (run.tokenizer.to_dict() if run.tokenizer else None)
+        if run.data_fingerprint != ckpt.meta.get("data_fingerprint") or not same_tokens:
+            what = stored.options["text"] or "the embedded corpus"
+            raise CheckpointError(f"{source}: the training data changed since the checkpoint "
+                                  f"was written ({what}); cannot resume exactly")
     built = dataclasses.asdict(run.config)
-    if built != config:
-        diff = sorted(k for k in set(built) | set(config) if built.get(k) != config.get(k))
+    if built != stored.config:
+        diff = sorted(k for k in set(built) | set(stored.config)
+                      if built.get(k) != stored.config.get(k))
         raise CheckpointError(f"{source}: the config does not match the model it describes "
                               f"(differs in {diff})")
+    if ckpt is not None:
+        run.restore(ckpt, source)
+    return run
 
 
-def model_from_checkpoint(path: Path):
-    """``(model, tokenizer or None, checkpoint)`` of a checkpoint, for sampling."""
-    ckpt = load_checkpoint(path)
-    kind = ckpt.meta.get("model")
-    model_class = {c.__name__: c for c in CONFIG_CLASSES}.get(kind if isinstance(kind, str)
-                                                              else None)
-    if model_class is None:
-        raise CheckpointError(f"{path}: unknown model kind {kind!r}")
+def model_from_checkpoint(target: str | Path, note: Callable[[str], None] = say):
+    """``(model, tokenizer or None, checkpoint)`` of the run in a run folder or checkpoint
+    file ``target`` (read by :func:`read_run`; the checkpoint's config and options in today's
+    format), for sampling and export.
+
+    Raises
+    ------
+    CheckpointError
+        If there is no checkpoint, or it does not describe a model this library can build.
+    """
+    stored = read_run(target, note)
+    path, name = stored.source, stored.model_class.__name__
+    if stored.checkpoint is None:
+        raise CheckpointError(f"{checkpoint_path(target)}: no such checkpoint file (its run "
+                              f"stopped before its first save)")
     try:
-        config = CONFIG_CLASSES[model_class](**ckpt.config).validate()
+        config = CONFIG_CLASSES[stored.model_class](**stored.config).validate()
     except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{path}: bad {kind} config: {e}") from None
-    model = model_class(config)
+        raise CheckpointError(f"{path}: bad {name} config: {e}") from None
+    model = stored.model_class(config)
     try:
-        model.load_state_dict(ckpt.params)
+        model.load_state_dict(stored.checkpoint.params)
     except ValueError as e:
         raise CheckpointError(f"{path}: the weights do not match the model of its config: "
                               f"{e}") from None
     tokenizer = None
-    if ckpt.tokenizer is not None:
+    if stored.checkpoint.tokenizer is not None:
         try:
-            tokenizer = CharTokenizer.from_dict(ckpt.tokenizer)
+            tokenizer = CharTokenizer.from_dict(stored.checkpoint.tokenizer)
         except ValueError as e:
             raise CheckpointError(f"{path}: bad tokenizer: {e}") from None
-    return model, tokenizer, ckpt
-
+    return model, tokenizer, stored.checkpoint

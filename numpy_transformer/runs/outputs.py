@@ -1,0 +1,86 @@
+"""What a run puts out: the files of its folder, its messages, its exit codes, and the one
+error that means bad input.
+
+The bottom of :mod:`numpy_transformer.runs`: the standard library only, so the command line
+reads it before NumPy is loaded, and every other module of the package may import it.
+"""
+
+from __future__ import annotations
+
+import signal
+
+
+class UsageError(ValueError):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+def say(*parts: object) -> None:
+    """Print one message of the run on stdout, flushed."""
+    print(*parts, flush=True)
+
+
+def describe_os_error(e: OSError) -> str:
+    """A failed read or write in one line: the file, then the system's reason."""
+    reason = e.strerror or str(e)
+    return f"{e.filename}: {reason}" if e.filename else reason
+
+
+# --------------------------------------------------------------------------------------------
+# Exit codes: the one list (every command's --help prints it)
+# --------------------------------------------------------------------------------------------
+
+EXIT_CODES = {
+    0: "success (also: --resume of a run that had already finished)",
+    1: "training diverged: a non-finite loss, gradient or held-out loss (the step and tensor "
+       "are named; the last good checkpoint is left untouched); gradcheck: a check failed; "
+       "bench: a worker failed",
+    2: "bad input: an option, a file, a run folder (or one in use), a checkpoint (truncated, "
+       "tampered, non-finite, of a newer format), a size that cannot fit in memory; one line "
+       "on stderr, no traceback, nothing overwritten",
+    74: "a file could not be read or written (permission, read-only folder, full disk, size "
+        "limit: sysexits' EX_IOERR); the previous checkpoint is left intact",
+    130: "stopped by SIGINT (Ctrl-C) after writing a checkpoint; --resume continues exactly",
+    143: "stopped by SIGTERM, the same way",
+}
+EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_IO, EXIT_SIGINT, EXIT_SIGTERM = EXIT_CODES  # in order
+EXIT_ON_SIGNAL = {signal.SIGINT: EXIT_SIGINT, signal.SIGTERM: EXIT_SIGTERM}  # 128 + signal
+
+
+# --------------------------------------------------------------------------------------------
+# The files of a run folder
+# --------------------------------------------------------------------------------------------
+
+RUN_FILES = {  # every file a run writes into its folder, in the order it first writes them
+    "config.json": "the format version, the model config and the training options (written "
+                   "first)",
+    "checkpoint.npz": "weights, Adam moments, step, every RNG state (see checkpoint.py)",
+    "log.jsonl": 'one JSON line per step {"step", "loss", "lr", "grad_norm", "tokens_per_s"} '
+                 'and per evaluation {"step", "val_loss", ["val_acc"], ["final"]}',
+    "loss.png": "training loss (and held-out loss) against step",
+    "attention.png": "last layer's attention weights on a held-out snippet, one panel per head",
+    "sample.txt": "a sample from the final model",
+}
+CONFIG, CHECKPOINT, LOG, LOSS_PLOT, ATTENTION_PLOT, SAMPLE = RUN_FILES  # their names
+REPORT_FILES = (LOSS_PLOT, ATTENTION_PLOT, SAMPLE)  # written after the last step (report.py)
+# The files only some runs write: (option, the value of it that writes the file, who that is).
+# An LSTM has no attention map; a synthetic task has no text to sample.
+WRITTEN_ONLY_BY = {ATTENTION_PLOT: ("model", "transformer", "Transformers"),
+                   SAMPLE: ("task", "lm", "language models")}
+
+
+def files_of(task: str, model: str, names: tuple[str, ...] = tuple(RUN_FILES)) -> tuple[str, ...]:
+    """Those of ``names`` that a run of ``task`` and ``model`` writes (``WRITTEN_ONLY_BY``)."""
+    run = {"task": task, "model": model}
+    return tuple(name for name in names if name not in WRITTEN_ONLY_BY
+                 or run[WRITTEN_ONLY_BY[name][0]] == WRITTEN_ONLY_BY[name][1])
+
+
+# --------------------------------------------------------------------------------------------
+# Samples
+# --------------------------------------------------------------------------------------------
+
+# What a finished language model writes to sample.txt, and what `numpy-transformer sample` does
+# unless told otherwise.
+SAMPLE_PROMPT = "def "  # the embedded corpus is Python; a vocabulary without it starts elsewhere
+SAMPLE_LENGTH, SAMPLE_TEMPERATURE = 300, 0.8
+MAX_SAMPLE_LENGTH = 1_000_000  # sample --length: a few minutes of the char model, not days

@@ -1,0 +1,120 @@
+"""The option table of ``numpy-transformer train`` (``runs/options.py``): the defaults it
+gives every run are those of before it, every config field is an option or set by the run,
+and the parser, the help and the ``--resume`` refusal are made from it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from _run_helpers import one_line_error, run_cli
+
+from numpy_transformer import cli
+from numpy_transformer.runs.options import (
+    BY_KEY,
+    CONFIG_FIELDS,
+    MODEL_KEYS,
+    MODELS,
+    OPTIONS,
+    TASKS,
+    applies,
+    default_of,
+    flag,
+    resolve_options,
+)
+from numpy_transformer.runs.outputs import EXIT_CODES
+
+# What runs/options.py's MODEL_DEFAULTS and TRAIN_DEFAULTS said at 3fa17c2, before the table:
+# the numbers of every run stay those (a config field added since defaults to what runs did).
+BEFORE = {
+    "transformer": dict(heads=4, layers=2, norm="layernorm", activation="relu",
+                        positions="sinusoidal", norm_first=True, dropout=0.0,
+                        tie_embeddings=False, bias=True, backend="numba", dtype="float32"),
+    "lm": dict(width=84, ffn_width=168, max_len=100, embed_scale=True),
+    "task": dict(width=64, ffn_width=128, max_len=10, embed_scale=False),
+    "lstm": dict(hidden=128, embed=85, layers=1, max_len=100, backend="numba",
+                 dtype="float32"),
+    "recipe": dict(batch=64, optimizer="adam", weight_decay=0.0, warmup=0,
+                   schedule="constant", clip=1.0, seed=0, save_every=100, text=None),
+    "lm recipe": dict(steps=1500, lr=2e-3, eval_every=250),
+    "task recipe": dict(steps=600, lr=1e-3, eval_every=200),
+}
+# The config fields that are no option: the data sets vocab (and the sort task num_classes),
+# --seed sets seed, and embed_std keeps its dataclass default.
+SET_BY_THE_RUN = {"vocab", "num_classes", "seed", "embed_std"}
+
+
+@pytest.mark.parametrize("task,model", [("lm", "transformer"), ("lm", "lstm"),
+                                        *((t, "transformer") for t in TASKS[1:])])
+def test_every_run_has_the_defaults_of_before_the_table(task, model):
+    fields, options = resolve_options(task, {"model": model})
+    kind = "lm" if task == "lm" else "task"
+    want = BEFORE["lstm"] if model == "lstm" else {**BEFORE["transformer"], **BEFORE[kind]}
+    if task == "reverse":
+        want = {**want, "max_len": 8}  # the reverse task's source length
+    assert {k: fields[k] for k in want} == want  # (an option added since: see its row)
+    want = {**BEFORE["recipe"], **BEFORE[f"{kind} recipe"], "task": task, "model": model}
+    assert {k: options[k] for k in want} == want
+
+
+def test_every_config_field_is_an_option_or_set_by_the_run():
+    """A new field of TransformerConfig or LSTMConfig needs its row in OPTIONS (with
+    ``since=`` for the runs written before it), or a place in SET_BY_THE_RUN."""
+    for model in MODELS:
+        options = set(CONFIG_FIELDS[model]) - SET_BY_THE_RUN
+        assert set(MODEL_KEYS[model]) == options, (model, options ^ set(MODEL_KEYS[model]))
+    assert all(o.key in set().union(*CONFIG_FIELDS.values())
+               for o in OPTIONS if o.store == "config")
+
+
+def test_the_defaults_of_the_help_come_from_the_table_and_the_dataclasses():
+    shown = {key: cli.defaults_shown(BY_KEY[key]) for key in
+             ("width", "layers", "max_len", "embed_scale", "norm_first", "hidden", "text",
+              "backend", "activation")}
+    assert shown == {"width": "[84; the tasks: 64]", "layers": "[2; --model lstm: 1]",
+                     "max_len": "[100; the tasks: 10; --task reverse: 8]",
+                     "embed_scale": "[on; the tasks: off]", "norm_first": "[pre-LN]",
+                     "hidden": "[128]",
+                     "text": "[the embedded corpus: this library's own source]",
+                     "backend": "[numba]", "activation": "[relu]"}
+    text = cli.build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    for o in OPTIONS:
+        assert flag(o.key) in text, o.key
+    assert all(f"  {code} " in text for code in EXIT_CODES)
+
+
+def test_the_parser_of_train_is_the_table():
+    train = cli.build_parser()._subparsers._group_actions[0].choices["train"]
+    parsed = {a.dest: a.option_strings for a in train._actions if a.dest != "help"}
+    assert list(parsed) == [o.key for o in OPTIONS]
+    for o in OPTIONS:
+        assert flag(o.key) in parsed[o.key]
+        if o.switch == "both":
+            assert f"--no-{flag(o.key)[2:]}" in parsed[o.key]
+
+
+def _given(option) -> list[str]:
+    """The option on the command line, with a value it accepts."""
+    if option.switch is not None:
+        return [flag(option.key)]
+    model = next(m for m in MODELS if applies(option, m))
+    value = default_of(option, "lm", model) if option.store else "x"
+    return [flag(option.key), "x" if value is None else str(value)]
+
+
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o.key not in cli.WITH_RESUME],
+                         ids=lambda o: o.key)
+def test_resume_takes_no_option_but_quiet(option, tmp_path):
+    code, _, err = run_cli(["train", "--resume", tmp_path, *_given(option), "--quiet"])
+    assert code == 2 and one_line_error(err) and f"drop {flag(option.key)}" in err, err
+
+
+def test_a_config_row_belongs_to_the_models_whose_config_has_the_field():
+    for o in OPTIONS:
+        if o.store == "config":
+            owners = [m for m in MODELS if o.key in CONFIG_FIELDS[m]]
+            assert [m for m in MODELS if o.key in MODEL_KEYS[m]] == owners
+            for m in owners:
+                field = CONFIG_FIELDS[m][o.key]
+                assert field.default is not dataclasses.MISSING or o.default is not \
+                    dataclasses.MISSING or o.overrides, (o.key, m)
