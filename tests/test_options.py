@@ -16,13 +16,16 @@ from numpy_transformer.runs.options import (
     MODEL_KEYS,
     MODELS,
     OPTIONS,
+    POSITIVE,
     TASKS,
+    Option,
     applies,
+    check_value,
     default_of,
     flag,
     resolve_options,
 )
-from numpy_transformer.runs.outputs import EXIT_CODES
+from numpy_transformer.runs.outputs import EXIT_CODES, UsageError
 
 # What runs/options.py's MODEL_DEFAULTS and TRAIN_DEFAULTS said at 3fa17c2, before the table:
 # the numbers of every run stay those (a config field added since defaults to what runs did).
@@ -99,7 +102,9 @@ def _given(option) -> list[str]:
         return [flag(option.key)]
     model = next(m for m in MODELS if applies(option, m))
     value = default_of(option, "lm", model) if option.store else "x"
-    return [flag(option.key), "x" if value is None else str(value)]
+    if value is None:  # an optional number, or a file name
+        value = 1 if option.rule is not None else "x"
+    return [flag(option.key), str(value)]
 
 
 @pytest.mark.parametrize("option", [o for o in OPTIONS if o.key not in cli.WITH_RESUME],
@@ -118,3 +123,16 @@ def test_a_config_row_belongs_to_the_models_whose_config_has_the_field():
                 field = CONFIG_FIELDS[m][o.key]
                 assert field.default is not dataclasses.MISSING or o.default is not \
                     dataclasses.MISSING or o.overrides, (o.key, m)
+
+
+def test_a_stored_number_may_be_unset_only_where_unset_is_a_default():
+    # An optional number (a config field whose default is None, "each norm's own" say): a run
+    # that left it unset stores null, which reads back; a number that always has a value
+    # does not take null.
+    optional = Option("k", "g", "", "options", POSITIVE, default=None)
+    check_value(optional, None)
+    check_value(optional, 0.5)
+    with pytest.raises(UsageError, match="--k None: expected a positive number"):
+        check_value(Option("k", "g", "", "options", POSITIVE, default=1.0), None)
+    with pytest.raises(UsageError, match="--k -1: expected a positive number"):
+        check_value(optional, -1)

@@ -333,6 +333,15 @@ def check_together(config: dict, train: dict) -> None:
                          f"must exceed {COPY_SHIFT}, got {config['max_len']}")
 
 
+def defaults(option: Option) -> list:
+    """Every default ``option`` can take: its row's, its overrides', its config fields'."""
+    found = [] if option.default is MISSING else [option.default]
+    found += list((option.overrides or {}).values())
+    found += [fields[option.key].default for fields in CONFIG_FIELDS.values()
+              if option.key in fields and fields[option.key].default is not MISSING]
+    return found
+
+
 def check_value(option: Option, value: object) -> None:
     """Refuse a value of ``option`` read back from disk that the command line would not give.
 
@@ -341,6 +350,8 @@ def check_value(option: Option, value: object) -> None:
     UsageError
         Naming the flag, the value and what was expected.
     """
+    if value is None and None in defaults(option):  # an optional number left unset
+        return
     if option.rule is not None:
         types = (int,) if option.rule.kind is int else (int, float)
         ok = not isinstance(value, bool) and isinstance(value, types) and option.rule.ok(value)
