@@ -42,6 +42,18 @@ DEFAULT_BACKEND = "numba"  # the fused kernels: training faster than PyTorch on 
 #   runs the readable references of numpy_transformer/functional everywhere instead
 
 
+def _rope_shapes(width: int, heads: int) -> str:
+    """The nearest head counts for ``width``, and widths for ``heads``, whose head width is
+    even: what a refusal of RoPE's odd head width suggests instead."""
+    near = sorted((h for h in range(1, width // 2 + 1) if width % h == 0 and width // h % 2 == 0),
+                  key=lambda h: (abs(h - heads), -h))[:2]
+    below = width - width % (2 * heads)
+    widths = [w for w in (below, below + 2 * heads) if w > 0]
+    return (f"use heads {' or '.join(map(str, sorted(near)))}, or width "
+            f"{' or '.join(map(str, widths))}") if near else (
+            f"use width {' or '.join(map(str, widths))}")
+
+
 @dataclass
 class TransformerConfig:
     """Hyperparameters of :class:`EncoderClassifier`, :class:`DecoderLM`, :class:`EncoderDecoder`.
@@ -95,8 +107,10 @@ class TransformerConfig:
             check_choice(name, getattr(self, name), allowed)
         if self.positions == "sinusoidal":
             check_even("the sinusoidal table", "width", self.width)
-        if self.positions == "rope":
-            check_even("rope", "head width (width / heads)", self.width // self.heads)
+        if self.positions == "rope" and (self.width // self.heads) % 2:
+            raise ValueError(f"rope needs an even head width (width / heads), got "
+                             f"{self.width} / {self.heads} = {self.width // self.heads}: "
+                             f"{_rope_shapes(self.width, self.heads)}")
         if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout!r}")
         if self.embed_std is not None:

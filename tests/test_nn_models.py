@@ -259,6 +259,23 @@ def test_config_validation(overrides, message):
             DecoderLM(cfg)
 
 
+@pytest.mark.parametrize("width, heads", [(84, 4), (6, 2), (30, 2), (3, 1), (100, 20)])
+def test_rope_with_an_odd_head_width_says_which_shapes_would_work(width, heads):
+    # the chapter's width 84 over 4 heads is 21 per head: the refusal names heads and widths
+    # that fit, and each of them validates
+    with pytest.raises(ValueError, match="rope needs an even head width") as caught:
+        config(width=width, heads=heads, positions="rope").validate()
+    suggestion = str(caught.value).split(": use ")[1]
+    shapes = []
+    for part in suggestion.split(", or "):
+        name, values = part.split(" ", 1)
+        shapes += [{name: int(v)} for v in values.split(" or ")]
+    assert shapes and any("width" in s for s in shapes)
+    for shape in shapes:
+        cfg = config(**{"width": width, "heads": heads, **shape}, positions="rope")
+        assert cfg.validate() is cfg, shape
+
+
 def test_model_specific_config_errors():
     with pytest.raises(ValueError, match="num_classes"):
         EncoderClassifier(config(num_classes=None))
