@@ -2,7 +2,8 @@
 
 ``numpy_transformer.functional`` holds the math as pure forward/backward pairs,
 ``numpy_transformer.nn`` the modules and models built on it, and
-``numpy_transformer.gradcheck`` the finite-difference checks a user can run on any of them.
+``numpy_transformer.gradcheck`` the finite-difference checks a user can run on any of them;
+``numpy_transformer.load_run(folder)`` brings a run of ``numpy-transformer train`` back.
 ``docs/architecture.md`` shows how the pieces fit.
 
 The submodules load when first used (``numpy_transformer.nn``, ``from numpy_transformer import
@@ -23,7 +24,7 @@ _NN_EXPORTS = ("Decoder", "DecoderBlock", "DecoderLM", "Dropout", "Embedding", "
                "ModuleList", "MultiHeadAttention", "RMSNorm", "SinusoidalPositions",
                "TiedOutput", "TransformerConfig")
 
-__all__ = ["__version__", *_SUBMODULES, *_NN_EXPORTS]
+__all__ = ["__version__", "load_run", *_SUBMODULES, *_NN_EXPORTS]
 
 
 def __getattr__(name: str):
@@ -31,6 +32,8 @@ def __getattr__(name: str):
         return importlib.import_module(f".{name}", __name__)
     if name in _NN_EXPORTS:
         return getattr(importlib.import_module(".nn", __name__), name)
+    if name == "load_run":  # a run folder of numpy-transformer train, back in Python
+        return importlib.import_module(".runs.state", __name__).load_run
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -391,3 +391,44 @@ def model_from_checkpoint(target: str | Path, note: Callable[[str], None] = say)
         except ValueError as e:
             raise CheckpointError(f"{path}: bad tokenizer: {e}") from None
     return model, tokenizer, stored.checkpoint
+
+
+class LoadedRun(NamedTuple):
+    """A trained run, ready to use from Python (:func:`load_run`)."""
+
+    model: object  # DecoderLM, EncoderClassifier, EncoderDecoder or LSTMLM, in eval mode
+    tokenizer: CharTokenizer | None  # None for the synthetic tasks (their ids are digits)
+    config: object  # the model's TransformerConfig or LSTMConfig
+    options: dict  # the training options it was trained with (task, steps, lr, ...)
+    step: int  # the updates it had made when its checkpoint was written
+
+
+def load_run(path: str | Path) -> LoadedRun:
+    """The model of a run folder (or checkpoint file) that ``numpy-transformer train`` wrote,
+    with its tokenizer and config, read the way ``sample`` and ``export`` read it.
+
+    Parameters
+    ----------
+    path : str or Path
+        A run folder (``runs/char-lm``) or its ``checkpoint.npz``.
+
+    Returns
+    -------
+    LoadedRun
+        ``(model, tokenizer, config, options, step)``; the model is in evaluation mode
+        (dropout off), as ``sample`` uses it; ``model.train()`` switches it back.
+
+    Raises
+    ------
+    CheckpointError
+        A ``ValueError`` naming the file: no checkpoint yet, a newer format, a file that does
+        not describe a model this library builds.
+
+    Examples
+    --------
+    >>> run = load_run("runs/char-lm")  # doctest: +SKIP
+    >>> run.tokenizer.decode(generate(run.model, run.tokenizer.encode("def "), steps=40))
+    ... # doctest: +SKIP
+    """
+    model, tokenizer, ckpt = model_from_checkpoint(path)
+    return LoadedRun(model.eval(), tokenizer, model.config, dict(ckpt.options), ckpt.step)
