@@ -136,3 +136,16 @@ def test_a_stored_number_may_be_unset_only_where_unset_is_a_default():
         check_value(Option("k", "g", "", "options", POSITIVE, default=1.0), None)
     with pytest.raises(UsageError, match="--k -1: expected a positive number"):
         check_value(optional, -1)
+
+
+def test_the_steps_variable_replaces_the_default_and_a_flag_wins(monkeypatch):
+    monkeypatch.setenv("NUMPY_TRANSFORMER_STEPS", "2")
+    assert resolve_options("lm", {})[1]["steps"] == 2
+    assert resolve_options("sort", {})[1]["steps"] == 2  # every task's default
+    assert resolve_options("lm", {"steps": 7})[1]["steps"] == 7
+    for bad in ("0", "x", "2.5", ""):
+        monkeypatch.setenv("NUMPY_TRANSFORMER_STEPS", bad)
+        with pytest.raises(UsageError, match="NUMPY_TRANSFORMER_STEPS: expected a positive "):
+            resolve_options("lm", {})
+    monkeypatch.delenv("NUMPY_TRANSFORMER_STEPS")
+    assert resolve_options("lm", {})[1]["steps"] == BY_KEY["steps"].default

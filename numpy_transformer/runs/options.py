@@ -188,7 +188,9 @@ OPTIONS = (
     Option("schedule", TRAINING, "", choices=SCHEDULES, default="constant"),
     Option("clip", TRAINING, "global gradient-norm clip, 0 = off", rule=NONNEG, default=1.0),
     Option("batch", TRAINING, "windows per step", rule=POSITIVE_INT, default=64),
-    Option("steps", TRAINING, "updates", rule=POSITIVE_INT, default=1500,
+    Option("steps", TRAINING, "updates; the environment variable NUMPY_TRANSFORMER_STEPS, "
+           "where set, replaces the default (a quick walk through the commands)",
+           rule=POSITIVE_INT, default=1500,
            overrides={"task": 600}),
     Option("seed", TRAINING, "fixes the weights, the data order and every dropout mask",
            rule=NONNEG_INT, default=0),
@@ -294,6 +296,7 @@ def resolve_options(task: str | None, given: dict) -> tuple[dict, dict]:
         raise UsageError(f"{names} {'is an option' if len(foreign) == 1 else 'are options'} of "
                          f"--model {owner} only, not of --model {model}")
     values = {o.key: default_of(o, task, model) for o in OPTIONS if o.store and applies(o, model)}
+    values.update(steps_from_environment())
     values.update({k: v for k, v in given.items() if v is not None}, task=task, model=model)
     config = {k: values[k] for k in MODEL_KEYS[model]}
     train = {k: values[k] for k in TRAIN_KEYS}
@@ -301,6 +304,28 @@ def resolve_options(task: str | None, given: dict) -> tuple[dict, dict]:
     if train["text"] is not None:
         train["text"] = os.path.abspath(train["text"])  # resume works from any folder
     return config, train
+
+
+STEPS_VARIABLE = "NUMPY_TRANSFORMER_STEPS"
+
+
+def steps_from_environment() -> dict:
+    """``{"steps": N}`` where the environment variable ``NUMPY_TRANSFORMER_STEPS`` gives the
+    default number of updates of every new run (``--steps`` still wins; the README's test
+    sets 2 to run each of its commands in seconds); else ``{}``.
+
+    Raises
+    ------
+    UsageError
+        If the variable is not a positive integer.
+    """
+    text = os.environ.get(STEPS_VARIABLE)
+    if text is None:
+        return {}
+    try:
+        return {"steps": parse_number(POSITIVE_INT, text)}
+    except ValueError as e:
+        raise UsageError(f"{STEPS_VARIABLE}: {e}") from None
 
 
 def check_model_fits_task(task: str, model: str) -> None:
