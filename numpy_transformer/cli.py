@@ -68,7 +68,7 @@ from .runs.outputs import (
     UsageError,
     describe_os_error,
 )
-from .threads import set_blas_threads
+from .threads import available_cores, set_blas_threads
 
 # Everything else this command runs (NumPy, numba, matplotlib, the run package) is imported
 # inside the command that needs it: --help and a bad option answer before any of it loads.
@@ -341,6 +341,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench.summary import run
 
+    cores = available_cores()
+    if args.threads is not None and args.threads > cores:
+        raise UsageError(f"--threads {args.threads}: this process may run on {cores} "
+                         f"core{'s' if cores > 1 else ''} at most")
     try:
         run(args.config, None if args.threads is None else int(args.threads), quick=args.quick)
     except RuntimeError as e:  # a worker process failed: its own traceback is on stderr

@@ -20,6 +20,7 @@ from numpy_transformer.checkpoint import load_checkpoint
 from numpy_transformer.nn import DecoderLM, TransformerConfig
 from numpy_transformer.runs.folder import read_log
 from numpy_transformer.runs.options import OPTIONS, resolve_options
+from numpy_transformer.threads import available_cores
 from numpy_transformer.train import Trainer
 
 
@@ -374,3 +375,10 @@ def test_train_shows_progress_without_quiet(tmp_path):
     code, _, err = run_cli(["train", *TINY, "--text", small_text(tmp_path), "--steps", "3",
                             "--out", tmp_path / "run"])
     assert code == 0 and "step 3/3" in err and "tok/s" in err
+
+
+@pytest.mark.parametrize("threads", [available_cores() + 1, 10**12])
+def test_bench_refuses_more_threads_than_cores_in_one_line(threads):
+    code, _, err = run_cli(["bench", "--quick", "--threads", str(threads)])
+    assert code == 2 and one_line_error(err) and f"--threads {threads}" in err, err
+    assert f"{available_cores()} core" in err
