@@ -255,7 +255,10 @@ def add_export(sub) -> None:
     e.add_argument("run", metavar="RUN_DIR|CHECKPOINT", help="a run folder or a checkpoint .npz")
     e.add_argument("--format", choices=EXPORT_FORMATS, default=EXPORT_FORMATS[0],
                    help=f"[{EXPORT_FORMATS[0]}]")
-    e.add_argument("--out", metavar="DIR", help="where the files go [RUN_DIR/FORMAT]")
+    e.add_argument("--out", metavar="DIR", help="where the files go [RUN_DIR/FORMAT]; a "
+                   "folder that already holds files is refused")
+    e.add_argument("--force", action="store_true",
+                   help="replace the files of the same names in a folder that holds some")
 
 
 def add_bench(sub) -> None:
@@ -333,7 +336,7 @@ def cmd_gradcheck(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from .runs.export import export_checkpoint
 
-    written = export_checkpoint(args.run, args.format, args.out)
+    written = export_checkpoint(args.run, args.format, args.out, force=args.force)
     print(f"wrote {', '.join(str(p) for p in written)}", flush=True)
     return EXIT_OK
 

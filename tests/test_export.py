@@ -245,6 +245,30 @@ def test_export_command_refuses_in_one_line(tiny_run, tmp_path):
     assert code == 2 and one_line_error(err), err
 
 
+def test_export_never_replaces_a_file_it_did_not_write(tiny_run, tmp_path):
+    for fmt, name in (("safetensors", "model.safetensors"), ("hf", "config.json")):
+        theirs = tmp_path / fmt
+        theirs.mkdir()
+        (theirs / name).write_bytes(b"another model's file")
+        code, _, err = run_cli(["export", tiny_run, "--format", fmt, "--out", theirs])
+        assert code == 2 and one_line_error(err) and name in err and "--force" in err, err
+        assert (theirs / name).read_bytes() == b"another model's file"
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+        if fmt == "safetensors":
+            code, out, err = run_cli(["export", tiny_run, "--out", theirs, "--force"])
+            assert code == 0, err
+            assert load_safetensors(theirs / name).info["step"] == 4
+
+
+@pytest.mark.parametrize("out, message", [("", "--out ''"), ("file", "a file, not a folder")])
+def test_export_refuses_an_out_that_is_no_folder(tiny_run, tmp_path, out, message):
+    if out:
+        out = tmp_path / out
+        out.write_text("mine")
+    code, _, err = run_cli(["export", tiny_run, "--out", out])
+    assert code == 2 and one_line_error(err) and message in err, err
+
+
 def test_export_help_has_an_example(capsys):
     with pytest.raises(SystemExit) as info:
         cli.main(["export", "--help"])
