@@ -38,9 +38,12 @@ from types import ModuleType, SimpleNamespace
 
 from . import functional
 from ._checks import check_choice
-from .config import BACKENDS, DEFAULT_BACKEND, KERNEL_MODULES
+from .config import BACKENDS, DEFAULT_BACKEND, KERNEL_MODULES, KERNELS_VARIABLE
 
-KERNELS_VARIABLE = "NUMPY_TRANSFORMER_KERNELS"
+# The kernels that cannot run beside their reference forward: each backward here reads what
+# only its kernel forward keeps, and names that forward and what it keeps.
+NEEDS_ITS_FORWARD = {"attention.sdpa_backward": ("attention.sdpa_forward",
+                                                 "the softmax's log-sum-exp")}
 
 
 class Backend(SimpleNamespace):
@@ -70,8 +73,9 @@ def kernel_selection() -> tuple[str, ...]:
     Raises
     ------
     ValueError
-        If the variable names a module that is not one of ``KERNEL_MODULES``, or an operation
-        that its module does not have.
+        If the variable names a module that is not one of ``KERNEL_MODULES``, an operation
+        that its module does not have, or a backward of ``NEEDS_ITS_FORWARD`` without its
+        forward.
     """
     value = os.environ.get(KERNELS_VARIABLE)
     if value is None:
@@ -86,6 +90,11 @@ def kernel_selection() -> tuple[str, ...]:
         if operation and operation not in ops:
             raise ValueError(f"{KERNELS_VARIABLE} names {name!r}: kernels/{module_name}.py has "
                              f"no operation {operation!r}; it has {', '.join(ops)}")
+        forward, kept = NEEDS_ITS_FORWARD.get(name, (None, None))
+        if forward is not None and not {forward, module_name} & set(names):
+            raise ValueError(f"{KERNELS_VARIABLE} names {name!r} without {forward!r}: that "
+                             f"backward reads {kept}, which only its kernel forward keeps; "
+                             f"name {forward!r} too, or the module {module_name!r}")
     return names
 
 

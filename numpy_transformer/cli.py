@@ -362,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     command = {"train": cmd_train, "sample": cmd_sample, "gradcheck": cmd_gradcheck,
                "bench": cmd_bench, "export": cmd_export}[args.command]
     try:
+        from .runs.environment import check_environment
+
+        check_environment()
         return command(args)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr, flush=True)

@@ -38,6 +38,8 @@ KERNEL_MODULES = ("activations", "adam", "attention", "embedding", "feedforward"
 EXPORT_FORMATS = ("safetensors", "hf")  # what numpy_transformer.export writes: PyTorch, HF
 # the training-step benchmarks' configurations (numpy_transformer/bench/train_step.py)
 BENCH_CONFIGS = ("chapter", "small", "wide", "long", "lstm")
+# Limits the "numba" backend to the kernels it names (numpy_transformer/backend.py)
+KERNELS_VARIABLE = "NUMPY_TRANSFORMER_KERNELS"
 DEFAULT_BACKEND = "numba"  # the fused kernels: training faster than PyTorch on a CPU; "numpy"
 #   runs the readable references of numpy_transformer/functional everywhere instead
 
