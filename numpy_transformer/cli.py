@@ -283,7 +283,7 @@ def add_bench(sub) -> None:
 # Commands
 # --------------------------------------------------------------------------------------------
 
-WITH_RESUME = ("resume", "quiet")  # the options of train that --resume takes
+WITH_RESUME = ("resume", "quiet", "steps")  # the options of train that --resume takes
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -293,11 +293,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         extra = [flag(o.key) for o in OPTIONS
                  if o.key not in WITH_RESUME and getattr(args, o.key) is not None]
         if extra:
-            raise UsageError(f"--resume continues a run exactly as it was configured; drop "
-                             f"{' '.join(extra)}")
+            raise UsageError(f"--resume continues a run exactly as it was configured (but "
+                             f"for --steps, which extends it); drop {' '.join(extra)}")
         from .runs.loop import resume_run
 
-        return resume_run(args.resume, progress=not args.quiet)
+        return resume_run(args.resume, progress=not args.quiet, steps=args.steps)
     given = {o.key: getattr(args, o.key) for o in OPTIONS if o.store}
     config_fields, options = resolve_options(given.pop("task"), given)
     from .runs.loop import start_run

@@ -64,7 +64,7 @@ def start_run(config_fields: dict, options: dict, out: str | None, force: bool,
         return train(run, run_dir, progress)
 
 
-def resume_run(run_dir: str | Path, progress: bool = True) -> int:
+def resume_run(run_dir: str | Path, progress: bool = True, steps: int | None = None) -> int:
     """Continue the run in ``run_dir`` from its checkpoint; returns the exit code.
 
     1. Hold the folder (no other process may train in it).
@@ -78,11 +78,18 @@ def resume_run(run_dir: str | Path, progress: bool = True) -> int:
        identically; ``config.json`` is written in today's format if it was not.
     5. Finished but stopped while writing the report: write the report again (the sampler's
        generator comes from the checkpoint, so the sample is the same). Otherwise train on.
+
+    With ``steps`` other than the run's, the run is first extended to that many steps
+    (:meth:`~.state.Run.extend`), finished or not: its weights end as those of a run
+    configured with ``steps`` from the start.
     """
     with existing_run_folder(run_dir) as held:
         run_dir = held.folder
         stored = read_run(run_dir)
         run = rebuild_run(stored)
+        if steps is not None and steps != run.options["steps"]:
+            say(f"extending {run_dir} from {run.options['steps']} to {steps} steps")
+            run.extend(steps)
         steps, ckpt = run.options["steps"], stored.checkpoint
         if ckpt is None:
             say(f"{run_dir} has no checkpoint yet (stopped before its first save); starting "

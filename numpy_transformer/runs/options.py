@@ -204,7 +204,8 @@ OPTIONS = (
     Option("force", FOLDER, "reuse a non-empty --out (our files in it are replaced)", None,
            switch="on"),
     Option("resume", FOLDER, "continue the run in RUN_DIR exactly where its checkpoint left it "
-           "(takes no model/optimiser options)", None, metavar="RUN_DIR"),
+           "(takes no model/optimiser options; --steps N extends it, finished or not, to the "
+           "run of N steps)", None, metavar="RUN_DIR"),
     Option("quiet", FOLDER, "no progress bar", None, switch="on"),
 )
 BY_KEY = {option.key: option for option in OPTIONS}

@@ -95,6 +95,7 @@ class Run:
             if len(ids) < 20:
                 raise UsageError(f"the text has {len(ids)} characters; a language model needs "
                                  f"more to split into training and held-out parts")
+            self.ids = ids
             self.train_ids, self.val_ids = train_val_split(ids, 0.9)
             context = config_fields["max_len"]
             if len(self.train_ids) < context + 1:
@@ -113,10 +114,7 @@ class Run:
         except ValueError as e:
             raise UsageError(str(e)) from None
         if self.task == "lm":
-            # Drawn up front from its own generator: building the model cannot shift it.
-            self.schedule = window_schedule(len(self.train_ids), self.length, options["batch"],
-                                            options["steps"], np.random.default_rng(seed))
-            self.data_fingerprint = fingerprint(ids, self.schedule)
+            self._draw_schedule()
             self.data_rng = None
         else:
             self.data_rng = np.random.default_rng([seed, 1])  # one batch per step
@@ -139,6 +137,41 @@ class Run:
         check_training_fits(config, model, self.options["batch"], self.options["steps"],
                             LM_EVAL_BATCH if lm else TASK_EVAL_SET, schedule=lm,
                             label=_option_label)
+
+    def _draw_schedule(self) -> None:
+        """Every window start of the LM's run, drawn up front from a generator of its own
+        (building the model cannot shift it); the first k steps' starts are the same for
+        every number of steps >= k."""
+        o = self.options
+        self.schedule = window_schedule(len(self.train_ids), self.length, o["batch"],
+                                        o["steps"], np.random.default_rng(o["seed"]))
+        self.data_fingerprint = fingerprint(self.ids, self.schedule)
+
+    def extend(self, steps: int) -> None:
+        """Make this run one of ``steps`` updates, from the step it is at: bit for bit the run
+        configured with ``steps`` from the start, as every schedule but the cosine one is the
+        same for every length (the cosine's learning rates depend on it from the first step).
+
+        Raises
+        ------
+        UsageError
+            If the run has made more steps, or its schedule is the cosine one.
+        """
+        made, planned = self.trainer.step_count, self.options["steps"]
+        if steps < made:
+            raise UsageError(f"--steps {steps}: the run has made {made} steps already")
+        if self.options["schedule"] == "cosine" and steps != planned:
+            raise UsageError(f"--steps {steps}: the cosine schedule of this run decays over its "
+                             f"{planned} steps, and one of {steps} would have had other "
+                             f"learning rates from the first step; start a new run instead")
+        self.options = {**self.options, "steps": steps}
+        try:
+            self._check_memory(self.config, type(self.model).__name__)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if self.task == "lm":
+            self._draw_schedule()
+        self.trainer.lr_schedule = self.lr_schedule()
 
     def lr_schedule(self) -> Callable[[int], float]:
         o = self.options
