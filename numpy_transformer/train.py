@@ -176,28 +176,56 @@ def _tensor_stats(step: int, params: dict, grads: dict, before: dict) -> dict:
 
 
 class ProgressBar:
-    """A one-line progress display: step, loss, learning rate, gradient norm, tokens/s.
+    """A one-line progress display: step, loss, learning rate, gradient norm (marked ``*``
+    where it was clipped, with the count so far), smoothed tokens/s, time and the time left.
 
     On a terminal it redraws in place; elsewhere (logs, CI) it prints a line every ~10%.
+
+    Parameters
+    ----------
+    total : int
+        The step the run ends at.
+    stream : file, optional
+        Default: ``sys.stderr``, looked up when the bar is made.
+    width : int, default 24
+        Characters of the bar.
+    clip : float, optional
+        The global-norm threshold of the run: a step whose gradient norm exceeds it was
+        clipped.
     """
 
-    def __init__(self, total: int, stream=None, width: int = 24) -> None:
-        self.total, self.width = total, width
+    SMOOTHING = 0.9  # tokens/s: an exponential average, weight of the past
+
+    def __init__(self, total: int, stream=None, width: int = 24,
+                 clip: float | None = None) -> None:
+        self.total, self.width, self.clip = total, width, clip
         self.stream = sys.stderr if stream is None else stream  # looked up now, not at import
         self.tty = self.stream.isatty()
         self.start = time.perf_counter()
         self.last_line = -1
+        self.first_step: int | None = None  # steps made before this bar's first (a resume)
+        self.rate: float | None = None
+        self.clipped = 0
 
     def update(self, r: StepRecord) -> None:
+        if self.first_step is None:
+            self.first_step = r.step - 1
         done = r.step if self.total == 0 else min(r.step, self.total)
         frac = done / max(self.total, 1)
         filled = int(frac * self.width)
         elapsed = time.perf_counter() - self.start
+        left = elapsed / (r.step - self.first_step) * max(self.total - done, 0)
+        self.rate = r.tokens_per_s if self.rate is None else (
+            self.SMOOTHING * self.rate + (1 - self.SMOOTHING) * r.tokens_per_s)
+        clipped = self.clip is not None and r.grad_norm > self.clip
+        self.clipped += clipped
+        clip_text = f" ({self.clipped} clipped)" if self.clip is not None else ""
         text = (f"[{'#' * filled}{'.' * (self.width - filled)}] step {r.step}/{self.total} "
-                f"loss {r.loss:.4f} lr {r.lr:.2e} |g| {r.grad_norm:.3f} "
-                f"{r.tokens_per_s:,.0f} tok/s {elapsed:.0f}s")
+                f"loss {r.loss:.4f} lr {r.lr:.2e} |g| {r.grad_norm:.3f}"
+                f"{'*' if clipped else ' '}{clip_text} {self.rate:,.0f} tok/s "
+                f"{elapsed:.0f}s, {left:.0f}s left")
         if self.tty:
-            self.stream.write("\r" + text)
+            self.stream.write("\r" + text + "\x1b[K")  # and clear what a longer line left
             self.stream.flush()
         elif int(frac * 10) > self.last_line or r.step == self.total:
             self.last_line = int(frac * 10)

@@ -154,4 +154,17 @@ def test_progress_bar_writes_to_stderr_when_not_a_terminal(capsys):
     bar.update(StepRecord(2, 2.25, 1e-3, 0.6, 1000.0))
     bar.close()
     err = capsys.readouterr().err
-    assert "step 2/2" in err and "loss 2.2500" in err and "tok/s" in err
+    assert "step 2/2" in err and "loss 2.2500" in err and "tok/s" in err and "s left" in err
+
+
+def test_progress_bar_marks_the_clipped_steps_and_counts_them(capsys):
+    from numpy_transformer.train import ProgressBar, StepRecord
+
+    bar = ProgressBar(total=4, clip=1.0)
+    for step, norm in enumerate((1.5, 0.5, 2.0, 0.9), 1):
+        bar.update(StepRecord(step, 2.0, 1e-3, norm, 1000.0 * step))
+    lines = capsys.readouterr().err.splitlines()
+    assert "|g| 1.500* (1 clipped)" in lines[0] and "|g| 0.500  (1 clipped)" in lines[1]
+    assert "|g| 0.900  (2 clipped)" in lines[-1]
+    assert "1,100 tok/s" in lines[1]  # smoothed: 0.9 * 1000 + 0.1 * 2000
+

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -145,14 +146,15 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
     with _StopRequest() as stop, np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         if trainer.step_count < steps:  # on an empty Numba cache: the kernels in parallel
             precompile(run, stopping=lambda: stop.signum is not None)
-        bar = ProgressBar(steps) if progress else None
+        bar = ProgressBar(steps, clip=o["clip"] or None) if progress else None
         try:
             with open(log_path(run_dir), "a", encoding="utf-8") as log:
                 while trainer.step_count < steps and stop.signum is None:
                     r = trainer.step(run.batch(trainer.step_count))
                     log.write(json.dumps({"step": r.step, "loss": r.loss, "lr": r.lr,
                                           "grad_norm": r.grad_norm,
-                                          "tokens_per_s": r.tokens_per_s}) + "\n")
+                                          "tokens_per_s": r.tokens_per_s,
+                                          "time": round(time.time(), 3)}) + "\n")
                     log.flush()
                     if bar:
                         bar.update(r)

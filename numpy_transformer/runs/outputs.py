@@ -54,7 +54,8 @@ RUN_FILES = {  # every file a run writes into its folder, in the order it first 
     "config.json": "the format version, the model config and the training options (written "
                    "first)",
     "checkpoint.npz": "weights, Adam moments, step, every RNG state (see checkpoint.py)",
-    "log.jsonl": 'one JSON line per step {"step", "loss", "lr", "grad_norm", "tokens_per_s"} '
+    "log.jsonl": 'one JSON line per step {"step", "loss", "lr", "grad_norm", "tokens_per_s", '
+                 '"time" (Unix seconds)} '
                  'and per evaluation {"step", "val_loss", ["val_acc"], ["final"]}',
     "loss.png": "training loss (and held-out loss) against step",
     "attention.png": "last layer's attention weights on a held-out snippet, one panel per head",
