@@ -198,7 +198,7 @@ def build_parser() -> Parser:
         if option.group not in groups:
             groups[option.group] = train.add_argument_group(option.group)
         add_option(groups[option.group], option)
-    for add in (add_sample, add_gradcheck, add_export, add_bench):
+    for add in (add_sample, add_eval, add_gradcheck, add_export, add_bench):
         add(sub)
     return parser
 
@@ -224,6 +224,21 @@ def add_sample(sub) -> None:
                    "this much probability (nucleus sampling)")
     s.add_argument("--greedy", action="store_true", help="always take the most likely token")
     s.add_argument("--seed", type=number(NONNEG_INT), default=0, help="sampling seed [%(default)s]")
+
+
+def add_eval(sub) -> None:
+    v = sub.add_parser("eval", help="a trained language model's loss on a text",
+                       description="The loss (nats per character), perplexity and bits per "
+                       "character of a run's language model on a text, over fixed windows of "
+                       "its context, each from an empty history.",
+                       epilog="examples:\n  numpy-transformer eval runs/char-lm\n  "
+                       "numpy-transformer eval runs/char-lm --text notes.txt",
+                       formatter_class=RAW)
+    v.add_argument("run", nargs="?", default=str(default_run_folder("lm")),
+                   metavar="RUN_DIR|CHECKPOINT",
+                   help="a run folder or a checkpoint .npz [%(default)s]")
+    v.add_argument("--text", metavar="FILE", help="UTF-8 text to measure [the run's held-out "
+                   "10%%, as its report]")
 
 
 def add_gradcheck(sub) -> None:
@@ -333,6 +348,13 @@ def cmd_gradcheck(args: argparse.Namespace) -> int:
     return EXIT_DIVERGED
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .runs.evaluate import evaluate_run
+
+    print("\n".join(evaluate_run(args.run, args.text).lines()), flush=True)
+    return EXIT_OK
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from .runs.export import export_checkpoint
 
@@ -359,7 +381,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``numpy-transformer`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
-    command = {"train": cmd_train, "sample": cmd_sample, "gradcheck": cmd_gradcheck,
+    command = {"train": cmd_train, "sample": cmd_sample, "eval": cmd_eval,
+               "gradcheck": cmd_gradcheck,
                "bench": cmd_bench, "export": cmd_export}[args.command]
     try:
         from .runs.environment import check_environment

@@ -19,6 +19,7 @@ BAD = {
 # Every command, with arguments it would otherwise run with; the check comes first, so none
 # of them starts its work.
 COMMANDS = {"train": ["train", "--steps", "1"], "sample": ["sample", "no-such-run"],
+            "eval": ["eval", "no-such-run"],
             "export": ["export", "no-such-run"], "gradcheck": ["gradcheck", "ops"],
             "bench": ["bench", "--quick"]}
 
