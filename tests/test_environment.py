@@ -3,9 +3,12 @@ command, checked once before the command runs (``runs/environment.py``)."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 from _run_helpers import one_line_error, run_cli
 
+from numpy_transformer import cli
 from numpy_transformer.backend import NEEDS_ITS_FORWARD, kernel_selection
 from numpy_transformer.runs.environment import VARIABLES
 
@@ -24,8 +27,11 @@ COMMANDS = {"train": ["train", "--steps", "1"], "sample": ["sample", "no-such-ru
             "bench": ["bench", "--quick"]}
 
 
-def test_every_variable_read_has_a_refused_value():
+def test_every_variable_read_has_a_refused_value_and_every_command_a_case():
     assert set(BAD) == set(VARIABLES)
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(COMMANDS) == set(commands.choices)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
