@@ -31,7 +31,7 @@ LAYERS = (
      "gradcheck_tables", "data", "tasks", "corpus", "interop", "plots", "export",
      "torch_twins"),  # built on nn
     ("runs", "bench"),  # training runs on disk; the benchmarks the command line runs
-    ("cli", "__main__"),  # the command line
+    ("cli", "cli_parser", "__main__"),  # the command line: its commands, its parser
 )
 
 

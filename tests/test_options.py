@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 from _run_helpers import one_line_error, run_cli
 
-from numpy_transformer import cli
+from numpy_transformer import cli, cli_parser
 from numpy_transformer.runs.options import (
     BY_KEY,
     CONFIG_FIELDS,
@@ -71,7 +71,7 @@ def test_every_config_field_is_an_option_or_set_by_the_run():
 
 
 def test_the_defaults_of_the_help_come_from_the_table_and_the_dataclasses():
-    shown = {key: cli.defaults_shown(BY_KEY[key]) for key in
+    shown = {key: cli_parser.defaults_shown(BY_KEY[key]) for key in
              ("width", "layers", "max_len", "embed_scale", "norm_first", "hidden", "text",
               "backend", "activation")}
     assert shown == {"width": "[84; the tasks: 64]", "layers": "[2; --model lstm: 1]",

@@ -19,6 +19,7 @@ ORDER = ("outputs", "options", "environment", "folder", "state", "sample", "eval
          "precompile", "export", "report", "loop")
 # What cli.py may import when it is loaded: the standard library and these light modules.
 CLI_TOP_LEVEL = {"numpy_transformer", "numpy_transformer._version", "numpy_transformer.allocator",
+                 "numpy_transformer.cli_parser",
                  "numpy_transformer.config", "numpy_transformer.runs.options",
                  "numpy_transformer.runs.outputs",
                  "numpy_transformer.threads"}
@@ -88,9 +89,11 @@ def test_negative_control_an_upward_import_is_caught():
     assert upward_imports(sources, ORDER) == ["options -> state", "folder -> loop"]
 
 
-def test_cli_imports_nothing_heavy_until_a_command_runs():
-    source = (PACKAGE / "cli.py").read_text(encoding="utf-8")
-    ours = {m for m in imported_modules(source, "numpy_transformer.cli", top_level_only=True)
+@pytest.mark.parametrize("module", ["cli", "cli_parser"])
+def test_cli_imports_nothing_heavy_until_a_command_runs(module):
+    source = (PACKAGE / f"{module}.py").read_text(encoding="utf-8")
+    ours = {m for m in imported_modules(source, f"numpy_transformer.{module}",
+                                        top_level_only=True)
             if m.startswith("numpy_transformer") or m.split(".")[0] in
             ("numpy", "numba", "matplotlib", "scipy")}
     assert ours <= CLI_TOP_LEVEL, ours - CLI_TOP_LEVEL
