@@ -30,7 +30,8 @@ import dataclasses
 import os
 from collections.abc import Callable
 
-__all__ = ["available_memory", "format_bytes", "weight_count", "activation_count",
+__all__ = ["available_memory", "format_bytes", "weight_count", "parameter_count",
+           "activation_count",
            "training_bytes", "check_fits", "check_config_fits", "check_training_fits"]
 
 SIZES = ("vocab", "width", "heads", "layers", "ffn_width", "max_len")  # TransformerConfig's
@@ -92,27 +93,45 @@ def weight_count(config, model: str = "DecoderLM") -> int:
     model : {"DecoderLM", "EncoderClassifier", "EncoderDecoder", "LSTMLM"}
         The last for an LSTMConfig, the others for a TransformerConfig.
     """
+    return parameter_count(config, model) + _table_count(config, model)
+
+
+def parameter_count(config, model: str = "DecoderLM") -> int:
+    """Numbers in the parameters of ``model`` built from ``config``: what its weights file
+    holds, and ``model.num_parameters()`` (arguments as :func:`weight_count`)."""
     if model == LSTM_KIND:
         v, e, h = config.vocab, config.embed_width, config.hidden
         # layer k: w_ih (C_k, 4H), w_hh (H, 4H), b_ih and b_hh (4H,), with C_0 = E, C_k = H
         lstm = config.layers * (4 * h * h + 8 * h) + 4 * h * (e + (config.layers - 1) * h)
         return v * e + lstm + h * v + v  # embedding table, the LSTM, the head with its bias
     c, f, v, t = config.width, config.ffn_width, config.vocab, config.max_len
+    b = 1 if config.bias else 0  # every linear layer's bias, or none
     norm = 2 * c if config.norm == "layernorm" else c  # gain and bias, or gain only
-    attention = 4 * (c * c + c)  # q, k, v and the output projection, with biases
-    if config.positions == "rope":  # each self-attention keeps cos and sin, (T, D/2) each
-        attention += t * (c // max(config.heads, 1))
-    ffn = 2 * c * f + f + c + (c * f + f if config.activation == "swiglu" else 0)
+    attention = 4 * (c * c + b * c)  # q, k, v and the output projection
+    ffn = 2 * c * f + b * (f + c) + (c * f + b * f if config.activation == "swiglu" else 0)
     block = attention + ffn + 2 * norm
-    table = t * c if config.positions in ("sinusoidal", "learned") else 0
+    table = t * c if config.positions == "learned" else 0
     stack = v * c + table + config.layers * block + (norm if config.norm_first else 0)
     if model == "EncoderClassifier":
         classes = config.num_classes or 0
-        return stack + c * classes + classes
-    head = 0 if config.tie_embeddings else c * v + v
+        return stack + c * classes + b * classes
+    head = 0 if config.tie_embeddings else c * v + b * v
     if model == "EncoderDecoder":  # a second stack whose blocks also cross-attend
-        return 2 * stack + config.layers * (4 * (c * c + c) + norm) + head
+        return 2 * stack + config.layers * (attention + norm) + head
     return stack + head
+
+
+def _table_count(config, model: str) -> int:
+    """Numbers in the fixed tables (buffers) of ``model``: the sinusoidal table of each stack,
+    RoPE's cos and sin, (T, D/2) each, in every self-attention."""
+    if model == LSTM_KIND:
+        return 0
+    c, t, stacks = config.width, config.max_len, 2 if model == "EncoderDecoder" else 1
+    if config.positions == "sinusoidal":
+        return stacks * t * c
+    if config.positions == "rope":
+        return stacks * config.layers * t * (c // max(config.heads, 1))
+    return 0
 
 
 def activation_count(config, batch: int, model: str = "DecoderLM") -> int:

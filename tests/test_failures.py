@@ -142,11 +142,12 @@ def test_library_sizes_that_cannot_fit_raise_value_error():
 
 
 def test_estimate_counts_every_weight():
-    from numpy_transformer.memory import weight_count
+    from numpy_transformer.memory import parameter_count, weight_count
     from numpy_transformer.nn import EncoderClassifier, EncoderDecoder
 
     for kw in (dict(), dict(positions="learned", activation="swiglu"),
-               dict(positions="rope", norm="rmsnorm", tie_embeddings=True, norm_first=False)):
+               dict(positions="rope", norm="rmsnorm", tie_embeddings=True, norm_first=False),
+               dict(bias=False, activation="swiglu"), dict(bias=False, positions="learned")):
         config = TransformerConfig(vocab=13, width=16, heads=2, layers=2, ffn_width=24,
                                    max_len=12, num_classes=5, **kw)
         kinds = (DecoderLM, EncoderDecoder) if config.tie_embeddings else \
@@ -155,6 +156,18 @@ def test_estimate_counts_every_weight():
             tables = sum(b.size for _, m in model.named_modules() for b in m.buffers.values())
             assert weight_count(config, type(model).__name__) == \
                 model.num_parameters() + tables, (kw, type(model).__name__)
+            assert parameter_count(config, type(model).__name__) == model.num_parameters()
+
+
+def test_the_lstm_parameter_count_is_exact():
+    from numpy_transformer.config import LSTMConfig
+    from numpy_transformer.memory import parameter_count, weight_count
+    from numpy_transformer.nn import LSTMLM
+
+    for kw in (dict(), dict(embed=5), dict(layers=3, embed=9)):
+        config = LSTMConfig(vocab=11, hidden=7, max_len=8, **kw)
+        assert parameter_count(config, "LSTMLM") == weight_count(config, "LSTMLM") == \
+            LSTMLM(config).num_parameters(), kw
 
 
 def test_checkpoint_borne_sizes_are_refused(tiny, tmp_path):
