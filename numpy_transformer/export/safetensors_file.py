@@ -32,13 +32,17 @@ resumes a run bit for bit; this one is for leaving the library and coming back.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from .. import interop
 from .. import nn as ours
 from ..config import DEFAULT_BACKEND, LSTMConfig, TransformerConfig
 from ..data import CharTokenizer
+from ..memory import parameter_count
 from ..optim import Adam, AdamW
 from ._require import require
 
@@ -61,24 +65,58 @@ def _numpy_api(purpose: str):
     return require("safetensors.numpy", purpose)
 
 
-def _metadata(path: Path, purpose: str) -> dict[str, str]:
+def _metadata(path: Path, purpose: str) -> tuple[dict[str, str], dict[str, tuple]]:
+    """The file's metadata and its tensors' ``(dtype, shape)`` by name, read from its header
+    alone (no tensor is read yet)."""
     safetensors = require("safetensors", purpose)
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
     try:
         with safetensors.safe_open(str(path), framework="np") as f:
-            return f.metadata() or {}
+            header = {name: (f.get_slice(name).get_dtype(), tuple(f.get_slice(name).get_shape()))
+                      for name in f.keys()}
+            return f.metadata() or {}, header
     except Exception as e:  # the package raises its own error types for a foreign file
         raise ValueError(f"{path}: not a safetensors file ({type(e).__name__}: {e})") from None
 
 
-def _json(path: Path, meta: dict[str, str], key: str):
+def _json(path: Path, meta: dict[str, str], key: str, kind: type = dict):
+    """Metadata entry ``key`` as JSON, which must be a ``kind``."""
     if key not in meta:
         raise ValueError(f"{path}: the metadata has no {key!r} entry")
     try:
-        return json.loads(meta[key])
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: metadata entry {key!r} is not valid JSON ({e})") from None
+        value = json.loads(meta[key])
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{path}: metadata entry {key!r} is not valid JSON "
+                         f"({type(e).__name__})") from None
+    if not isinstance(value, kind):
+        raise ValueError(f"{path}: metadata entry {key!r} must be a JSON "
+                         f"{'object' if kind is dict else 'list'}, got {type(value).__name__}")
+    return value
+
+
+def _check_dtypes(path: Path, header: dict[str, tuple]) -> str:
+    """The one float dtype of the file's tensors, ``"float32"`` or ``"float64"``."""
+    dtypes = {dtype for dtype, _ in header.values()}
+    if "BF16" in dtypes:
+        raise ValueError(f"{path}: bfloat16 weights; this library computes in float32 or "
+                         f"float64: convert them first (in PyTorch, tensor.float())")
+    if len(dtypes) != 1 or not dtypes <= {"F32", "F64"}:
+        raise ValueError(f"{path}: the weights must be all float32 or all float64, got "
+                         f"{sorted(dtypes)}")
+    return {"F32": "float32", "F64": "float64"}[dtypes.pop()]
+
+
+def _load(path: Path, purpose: str) -> dict:
+    """Every tensor of the file, each checked finite."""
+    try:
+        tensors = _numpy_api(purpose).load_file(str(path))
+    except Exception as e:  # a truncated or tampered data section: the package's own error
+        raise ValueError(f"{path}: cannot read its tensors ({type(e).__name__}: {e})") from None
+    for name, a in tensors.items():
+        if not np.isfinite(a).all():
+            raise ValueError(f"{path}: tensor {name} holds NaN or infinite values")
+    return tensors
 
 
 def save_safetensors(path: str | Path, model: ours.Module,
@@ -133,25 +171,35 @@ def load_safetensors(path: str | Path, backend: str | None = None) -> Exported:
         config or tokenizer, weights that are not float32/float64 or do not fit the config.
     """
     path = Path(path)
-    meta = _metadata(path, "reading a safetensors file")
+    meta, header = _metadata(path, "reading a safetensors file")
     if meta.get("format") != FORMAT or meta.get("model") not in MODELS:
         raise ValueError(f"{path}: not a numpy_transformer weights file (its metadata has "
                          f"format={meta.get('format')!r}, model={meta.get('model')!r})")
-    state = _numpy_api("reading a safetensors file").load_file(str(path))
-    dtypes = {a.dtype.name for a in state.values()}
-    if len(dtypes) != 1 or not dtypes <= {"float32", "float64"}:
-        raise ValueError(f"{path}: the weights must be all float32 or all float64, got "
-                         f"{sorted(dtypes)}")
+    dtype = _check_dtypes(path, header)
     fields = _json(path, meta, "config")
     if backend is not None:
         fields["backend"] = backend
     try:
-        config = MODELS[meta["model"]](**{**fields, "dtype": dtypes.pop()}).validate()
-        model = getattr(ours, meta["model"])(config)
-        interop.from_torch_state_dict(model, state)
+        config = MODELS[meta["model"]](**{**fields, "dtype": dtype}).validate()
         tokenizer = None
         if "tokenizer" in meta:
             tokenizer = CharTokenizer.from_dict(_json(path, meta, "tokenizer"))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
+    # the config is held to the file before anything is built: sizes from a header cost no
+    # memory, the model of a config does
+    held, wanted = sum(math.prod(shape) for _, shape in header.values()), parameter_count(
+        config, meta["model"])
+    if held != wanted:
+        raise ValueError(f"{path}: holds {held:,} weights, but the {meta['model']} of its "
+                         f"config has {wanted:,}")
+    if tokenizer is not None and tokenizer.vocab_size != config.vocab:
+        raise ValueError(f"{path}: the tokenizer has {tokenizer.vocab_size} characters, the "
+                         f"model's vocabulary {config.vocab}")
+    state = _load(path, "reading a safetensors file")
+    try:
+        model = getattr(ours, meta["model"])(config)
+        interop.from_torch_state_dict(model, state)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: {e}") from None
     info = _json(path, meta, "info") if "info" in meta else {}
@@ -207,21 +255,26 @@ def load_optimizer(path: str | Path, model: ours.Module,
         One line naming the file: not an optimiser file, or moments that do not fit ``model``.
     """
     path = Path(path)
-    meta = _metadata(path, "reading a safetensors file")
+    meta, header = _metadata(path, "reading a safetensors file")
     if meta.get("format") != OPTIMIZER_FORMAT or meta.get("kind") not in ("Adam", "AdamW"):
         raise ValueError(f"{path}: not a numpy_transformer optimiser file (its metadata has "
                          f"format={meta.get('format')!r}, kind={meta.get('kind')!r})")
     by_torch = {t: n for n, (t, _) in interop.torch_names(model).items()}
     try:
-        decay = frozenset(by_torch[t] for t in _json(path, meta, "decayed"))
+        decay = frozenset(by_torch[t] for t in _json(path, meta, "decayed", list))
         state = {k: float(meta[k]) for k in ("lr", "beta1", "beta2", "eps", "weight_decay")}
         t = int(meta["t"])
-    except (KeyError, ValueError) as e:
+    except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{path}: bad optimiser metadata ({type(e).__name__}: {e})") from None
+    if header:
+        _check_dtypes(path, header)
     optimizer = (AdamW if meta["kind"] == "AdamW" else Adam)(
         lr=state["lr"], betas=(state["beta1"], state["beta2"]), eps=state["eps"],
         weight_decay=state["weight_decay"], decay=decay, backend=backend)
-    tensors = _numpy_api("reading a safetensors file").load_file(str(path))
+    tensors = _load(path, "reading a safetensors file")
+    negative = [k for k, a in tensors.items() if k.startswith("exp_avg_sq.") and (a < 0).any()]
+    if negative:
+        raise ValueError(f"{path}: second moments below zero in {negative[0]}")
     moments = {"m": {}, "v": {}}
     try:
         if t:
