@@ -158,3 +158,46 @@ def test_bad_optimiser_metadata_is_refused(moments, entry, value):
     _rewrite(path, **{entry: value})
     with pytest.raises(ValueError, match="optimizer.safetensors: "):
         load_optimizer(path, model, backend="numpy")
+
+
+@pytest.fixture
+def hf_dir(tmp_path):
+    pytest.importorskip("transformers")
+    from numpy_transformer.export import save_hf
+
+    gpt = DecoderLM(TransformerConfig(vocab=V, width=8, heads=2, layers=1, ffn_width=12,
+                                      max_len=8, positions="learned", activation="gelu_tanh",
+                                      tie_embeddings=True, backend="numpy"))
+    save_hf(tmp_path / "gpt", gpt, TOKENIZER)
+    return tmp_path / "gpt"
+
+
+def test_an_imported_model_is_in_eval_mode(hf_dir):
+    from numpy_transformer.export import load_hf
+
+    model = load_hf(hf_dir, backend="numpy").model
+    assert not model.training and not any(m.training for _, m in model.named_modules())
+
+
+@pytest.mark.parametrize("case", ["not JSON", "a million layers", "bfloat16"])
+def test_a_hostile_hf_directory_is_refused_naming_it(hf_dir, case):
+    from numpy_transformer.export import load_hf
+
+    config = hf_dir / "config.json"
+    if case == "not JSON":
+        config.write_text("{not json", encoding="utf-8")
+        message = "config.json: not a transformers config"
+    elif case == "a million layers":
+        config.write_text(json.dumps({**json.loads(config.read_text()), "n_layer": 10**6}))
+        message = "holds .* numbers, fewer than the .* weights|cannot fit"
+    else:
+        torch = pytest.importorskip("torch")
+        from safetensors.torch import save_file
+
+        weights = hf_dir / "model.safetensors"
+        tensors, meta = _read(weights)
+        save_file({k: torch.from_numpy(a).to(torch.bfloat16) for k, a in tensors.items()},
+                  str(weights), metadata=meta)
+        message = "bfloat16 weights"
+    with pytest.raises(ValueError, match=message):
+        load_hf(hf_dir, backend="numpy")

@@ -43,6 +43,7 @@ the epsilons and RoPE base of ours, and refuses it otherwise, naming the fields.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -50,9 +51,10 @@ import numpy as np
 from .. import nn as ours
 from ..config import TransformerConfig
 from ..data import CharTokenizer
+from ..memory import parameter_count
 from ._require import require
 from .hf_tokenizer import load_tokenizer, save_tokenizer
-from .safetensors_file import Exported
+from .safetensors_file import Exported, check_dtypes, read_header, read_tensors
 
 ROPE_THETA = 10000.0  # the base of functional.positional.rope_tables, which attention uses
 FAMILIES = {  # the config fields that make a DecoderLM one of the two architectures
@@ -309,7 +311,8 @@ def load_hf(directory: str | Path, backend: str | None = None) -> Exported:
     Returns
     -------
     exported : Exported
-        The model, in the dtype of its float32/float64 weights; its tokenizer if the directory
+        The model, in evaluation mode (as ``from_pretrained`` returns one) and in the dtype of
+        its float32/float64 weights; its tokenizer if the directory
         holds a character vocabulary as :func:`save_hf` writes it (else None);
         ``info = {"family": ...}``.
 
@@ -325,20 +328,27 @@ def load_hf(directory: str | Path, backend: str | None = None) -> Exported:
         raise ValueError(f"{directory}: not a Hugging Face model directory with config.json "
                          f"and model.safetensors")
     transformers = require("transformers", "the Hugging Face import")
-    state = require("safetensors.numpy", "the Hugging Face import").load_file(str(weights))
-    dtypes = {a.dtype.name for a in state.values()}
+    _, header = read_header(weights, "the Hugging Face import")
+    dtype = check_dtypes(weights, header)
     try:
-        if len(dtypes) != 1 or not dtypes <= {"float32", "float64"}:
-            raise ValueError(f"the weights must be all float32 or all float64, got "
-                             f"{sorted(dtypes)} (convert them with model.to(torch.float32))")
         hf = transformers.AutoConfig.from_pretrained(str(directory))
-        config, eps = _our_config(hf, dtypes.pop(), backend)
+    except Exception as e:  # transformers' own errors for a config it cannot read
+        raise ValueError(f"{directory / 'config.json'}: not a transformers config "
+                         f"({type(e).__name__}: {e})") from None
+    try:
+        config, eps = _our_config(hf, dtype, backend)
+        held = sum(math.prod(shape) for _, shape in header.values())
+        if parameter_count(config) > held:  # before the model is built: the header's sizes
+            raise ValueError(f"model.safetensors holds {held:,} numbers, fewer than the "
+                             f"{parameter_count(config):,} weights of its config's model")
+        state = read_tensors(weights, "the Hugging Face import")
         model = ours.DecoderLM(config)
         own_eps = _norm_eps(model.decoder.final_norm, np.dtype(config.dtype))
         if not np.isclose(eps, own_eps, rtol=1e-6, atol=0.0):
             raise ValueError(f"its norm epsilon is {eps!r}, ours for this dtype is {own_eps!r}")
         model.load_state_dict(from_hf_state(state, config, hf.model_type))
         tokenizer = load_tokenizer(directory)
-    except (ValueError, json.JSONDecodeError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError, json.JSONDecodeError) as e:
         raise ValueError(f"{directory}: {e}") from None
+    model.eval()  # as transformers' from_pretrained returns it: dropout off
     return Exported(model, tokenizer, {"family": hf.model_type})

@@ -65,7 +65,7 @@ def _numpy_api(purpose: str):
     return require("safetensors.numpy", purpose)
 
 
-def _metadata(path: Path, purpose: str) -> tuple[dict[str, str], dict[str, tuple]]:
+def read_header(path: Path, purpose: str) -> tuple[dict[str, str], dict[str, tuple]]:
     """The file's metadata and its tensors' ``(dtype, shape)`` by name, read from its header
     alone (no tensor is read yet)."""
     safetensors = require("safetensors", purpose)
@@ -95,7 +95,7 @@ def _json(path: Path, meta: dict[str, str], key: str, kind: type = dict):
     return value
 
 
-def _check_dtypes(path: Path, header: dict[str, tuple]) -> str:
+def check_dtypes(path: Path, header: dict[str, tuple]) -> str:
     """The one float dtype of the file's tensors, ``"float32"`` or ``"float64"``."""
     dtypes = {dtype for dtype, _ in header.values()}
     if "BF16" in dtypes:
@@ -107,7 +107,7 @@ def _check_dtypes(path: Path, header: dict[str, tuple]) -> str:
     return {"F32": "float32", "F64": "float64"}[dtypes.pop()]
 
 
-def _load(path: Path, purpose: str) -> dict:
+def read_tensors(path: Path, purpose: str) -> dict:
     """Every tensor of the file, each checked finite."""
     try:
         tensors = _numpy_api(purpose).load_file(str(path))
@@ -171,11 +171,11 @@ def load_safetensors(path: str | Path, backend: str | None = None) -> Exported:
         config or tokenizer, weights that are not float32/float64 or do not fit the config.
     """
     path = Path(path)
-    meta, header = _metadata(path, "reading a safetensors file")
+    meta, header = read_header(path, "reading a safetensors file")
     if meta.get("format") != FORMAT or meta.get("model") not in MODELS:
         raise ValueError(f"{path}: not a numpy_transformer weights file (its metadata has "
                          f"format={meta.get('format')!r}, model={meta.get('model')!r})")
-    dtype = _check_dtypes(path, header)
+    dtype = check_dtypes(path, header)
     fields = _json(path, meta, "config")
     if backend is not None:
         fields["backend"] = backend
@@ -196,7 +196,7 @@ def load_safetensors(path: str | Path, backend: str | None = None) -> Exported:
     if tokenizer is not None and tokenizer.vocab_size != config.vocab:
         raise ValueError(f"{path}: the tokenizer has {tokenizer.vocab_size} characters, the "
                          f"model's vocabulary {config.vocab}")
-    state = _load(path, "reading a safetensors file")
+    state = read_tensors(path, "reading a safetensors file")
     try:
         model = getattr(ours, meta["model"])(config)
         interop.from_torch_state_dict(model, state)
@@ -255,7 +255,7 @@ def load_optimizer(path: str | Path, model: ours.Module,
         One line naming the file: not an optimiser file, or moments that do not fit ``model``.
     """
     path = Path(path)
-    meta, header = _metadata(path, "reading a safetensors file")
+    meta, header = read_header(path, "reading a safetensors file")
     if meta.get("format") != OPTIMIZER_FORMAT or meta.get("kind") not in ("Adam", "AdamW"):
         raise ValueError(f"{path}: not a numpy_transformer optimiser file (its metadata has "
                          f"format={meta.get('format')!r}, kind={meta.get('kind')!r})")
@@ -267,11 +267,11 @@ def load_optimizer(path: str | Path, model: ours.Module,
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{path}: bad optimiser metadata ({type(e).__name__}: {e})") from None
     if header:
-        _check_dtypes(path, header)
+        check_dtypes(path, header)
     optimizer = (AdamW if meta["kind"] == "AdamW" else Adam)(
         lr=state["lr"], betas=(state["beta1"], state["beta2"]), eps=state["eps"],
         weight_decay=state["weight_decay"], decay=decay, backend=backend)
-    tensors = _load(path, "reading a safetensors file")
+    tensors = read_tensors(path, "reading a safetensors file")
     negative = [k for k, a in tensors.items() if k.startswith("exp_avg_sq.") and (a < 0).any()]
     if negative:
         raise ValueError(f"{path}: second moments below zero in {negative[0]}")
