@@ -66,6 +66,16 @@ def test_from_torch_picks_the_twins_dtype_and_refuses_a_layer():
         from_torch(twin.to(torch.float16))
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_from_torch_refuses_non_finite_weights_naming_them(bad):
+    twin = to_torch(nn.DecoderLM(config()))
+    name, param = list(twin.named_parameters())[-1]
+    with torch.no_grad():
+        param.view(-1)[0] = bad
+    with pytest.raises(ValueError, match=f"parameter {name} holds NaN or infinite"):
+        from_torch(twin)
+
+
 def _our_step(model, opt, tokens, targets, clip):
     model.zero_grad()
     loss, cache = cross_entropy_forward(model(tokens), targets)

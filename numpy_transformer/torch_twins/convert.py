@@ -145,7 +145,8 @@ def from_torch(twin: nn.Module, backend: str | None = None) -> ours.Module:
     Raises
     ------
     ValueError
-        If ``twin`` is not a model twin, or its parameters are not float32 or float64.
+        If ``twin`` is not a model twin, or its parameters are not float32 or float64, or
+        not finite.
     """
     name = type(twin).__name__
     if name not in _MODELS or not isinstance(twin, twin_class(name)):
@@ -157,6 +158,10 @@ def from_torch(twin: nn.Module, backend: str | None = None) -> ours.Module:
     if len(dtypes) != 1 or next(iter(dtypes)) not in by_torch:
         raise ValueError(f"the twin's parameters must all be float32 or all float64, got "
                          f"{sorted(str(d) for d in dtypes)}")
+    bad = next((n for n, p in twin.named_parameters() if not p.detach().isfinite().all()),
+               None)
+    if bad is not None:
+        raise ValueError(f"the twin's parameter {bad} holds NaN or infinite values")
     config = replace(twin.config, dtype=by_torch[next(iter(dtypes))],
                      backend=twin.config.backend if backend is None else backend)
     model = getattr(ours, name)(config)
