@@ -76,6 +76,23 @@ def test_from_torch_refuses_non_finite_weights_naming_them(bad):
         from_torch(twin)
 
 
+@pytest.mark.parametrize("moment, bad, message", [
+    ("exp_avg", float("nan"), "first moment of .* holds NaN"),
+    ("exp_avg_sq", float("inf"), "second moment of .* holds NaN or infinite"),
+    ("exp_avg_sq", -1.0, "second moment of .* is below zero")])
+def test_adam_from_torch_refuses_bad_moments_naming_them(moment, bad, message):
+    model = nn.DecoderLM(config())
+    twin = to_torch(model)
+    opt = torch.optim.Adam(twin.parameters())
+    for p in twin.parameters():
+        opt.state[p] = {"step": torch.tensor(2.0), "exp_avg": torch.zeros_like(p),
+                        "exp_avg_sq": torch.zeros_like(p)}
+    assert adam_from_torch(opt, twin, model, backend="numpy").t == 2  # the control
+    opt.state[next(twin.parameters())][moment].view(-1)[0] = bad
+    with pytest.raises(ValueError, match=message):
+        adam_from_torch(opt, twin, model, backend="numpy")
+
+
 def _our_step(model, opt, tokens, targets, clip):
     model.zero_grad()
     loss, cache = cross_entropy_forward(model(tokens), targets)

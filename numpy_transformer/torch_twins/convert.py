@@ -279,6 +279,13 @@ def _step_and_moments(torch_opt: torch.optim.Optimizer, twin_params: dict,
         return None
     m = {t: s["exp_avg"] for t, s in zip(torch_names, states, strict=True)}
     v = {t: s["exp_avg_sq"] for t, s in zip(torch_names, states, strict=True)}
+    for kind, moments in (("first", m), ("second", v)):
+        bad = next((t for t, a in moments.items() if not a.isfinite().all()), None)
+        if bad is not None:
+            raise ValueError(f"the {kind} moment of {bad} holds NaN or infinite values")
+    negative = next((t for t, a in v.items() if (a < 0).any()), None)
+    if negative is not None:
+        raise ValueError(f"the second moment of {negative} is below zero somewhere")
     return steps.pop(), m, v
 
 
@@ -306,8 +313,8 @@ def adam_from_torch(torch_opt: torch.optim.Optimizer, twin: nn.Module, model: ou
     ------
     ValueError
         If the optimiser is another kind, uses amsgrad or maximize, its groups differ in lr,
-        betas, eps or positive weight decay, a parameter of the twin is in no group, or the
-        parameters' step counts differ.
+        betas, eps or positive weight decay, a parameter of the twin is in no group, the
+        parameters' step counts differ, or a moment is not finite (or a second one negative).
     """
     hyperparameters = _hyperparameters(torch_opt)  # refuses another optimiser first
     names = interop.torch_names(model)  # ours -> (torch's, transposed)
