@@ -31,6 +31,7 @@ from .cli_parser import PROG, build_parser
 from .runs.options import (
     OPTIONS,
     flag,
+    read_config_file,
     resolve_options,
 )
 from .runs.outputs import (
@@ -64,6 +65,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         return resume_run(args.resume, progress=not args.quiet, steps=args.steps)
     given = {o.key: getattr(args, o.key) for o in OPTIONS if o.store}
+    if args.config is not None:  # the file's options, where no flag gave one
+        from_file = read_config_file(args.config)
+        given.update({k: v for k, v in from_file.items() if given[k] is None})
     config_fields, options = resolve_options(given.pop("task"), given)
     from .runs.loop import start_run
 

@@ -207,6 +207,9 @@ OPTIONS = (
            "(takes no model/optimiser options; --steps N extends it, finished or not, to the "
            "run of N steps)", None, metavar="RUN_DIR"),
     Option("quiet", FOLDER, "no progress bar", None, switch="on"),
+    Option("config", FOLDER, "read options from a TOML file: one key = value per option, the "
+           "keys those of a run's config.json (max_len = 64, norm_first = false); an option "
+           "also given as a flag takes the flag's value", None, metavar="FILE.toml"),
 )
 BY_KEY = {option.key: option for option in OPTIONS}
 
@@ -305,6 +308,40 @@ def resolve_options(task: str | None, given: dict) -> tuple[dict, dict]:
     if train["text"] is not None:
         train["text"] = os.path.abspath(train["text"])  # resume works from any folder
     return config, train
+
+
+def read_config_file(path: str | os.PathLike) -> dict:
+    """The options of a TOML file (``train --config``), each checked as the command line
+    checks its own: ``{key: value}`` with the keys of :data:`OPTIONS` that a run records.
+
+    Raises
+    ------
+    UsageError
+        Naming the file and the first thing wrong: unreadable, not TOML, an unknown key (a
+        flag's spelling, as ``context`` for ``max_len``, is named), a value it refuses.
+    """
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except OSError as e:
+        raise UsageError(f"--config {path}: cannot read it ({e.strerror})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"--config {path}: not TOML ({e})") from None
+    by_flag = {flag(o.key)[2:].replace("-", "_"): o.key for o in OPTIONS}
+    for key, value in table.items():
+        if key not in BY_KEY or not BY_KEY[key].store:
+            known = by_flag.get(key.replace("-", "_"))
+            hint = f" (its key is {known!r})" if known in BY_KEY and BY_KEY[known].store else ""
+            raise UsageError(f"--config {path}: {key!r} is not an option a run records{hint}")
+        try:
+            check_value(BY_KEY[key], value)
+        except UsageError as e:
+            raise UsageError(f"--config {path}: {e}") from None
+    return table
 
 
 STEPS_VARIABLE = "NUMPY_TRANSFORMER_STEPS"
