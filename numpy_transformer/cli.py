@@ -75,11 +75,25 @@ def cmd_train(args: argparse.Namespace) -> int:
                      progress=not args.quiet)
 
 
+def chosen_checkpoint(args: argparse.Namespace):
+    """The run folder or checkpoint a command reads: with ``--best``, the folder's
+    ``best.npz``."""
+    if not args.best:
+        return args.run
+    from pathlib import Path
+
+    from .runs.folder import checkpoint_path
+
+    if not Path(args.run).is_dir():
+        raise UsageError(f"--best takes a run folder, got {args.run}")
+    return checkpoint_path(args.run, best=True)
+
+
 def cmd_sample(args: argparse.Namespace) -> int:
     from .runs.sample import sample_checkpoint
 
     set_blas_threads(1)
-    text = sample_checkpoint(args.run, args.prompt, args.length, args.seed,
+    text = sample_checkpoint(chosen_checkpoint(args), args.prompt, args.length, args.seed,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                              greedy=args.greedy)
     print(text, flush=True)
@@ -105,14 +119,15 @@ def cmd_gradcheck(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from .runs.evaluate import evaluate_run
 
-    print("\n".join(evaluate_run(args.run, args.text).lines()), flush=True)
+    print("\n".join(evaluate_run(chosen_checkpoint(args), args.text).lines()), flush=True)
     return EXIT_OK
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .runs.export import export_checkpoint
 
-    written = export_checkpoint(args.run, args.format, args.out, force=args.force)
+    written = export_checkpoint(chosen_checkpoint(args), args.format, args.out,
+                                force=args.force)
     print(f"wrote {', '.join(str(p) for p in written)}", flush=True)
     return EXIT_OK
 

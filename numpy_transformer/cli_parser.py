@@ -176,6 +176,11 @@ def build_parser() -> Parser:
     return parser
 
 
+def add_best(parser) -> None:
+    parser.add_argument("--best", action="store_true", help="the run's best.npz (the lowest "
+                        "held-out loss) instead of its last checkpoint")
+
+
 def add_sample(sub) -> None:
     s = sub.add_parser("sample", help="generate text from a trained language model",
                        description="Continue a prompt with a trained language model, a "
@@ -197,6 +202,7 @@ def add_sample(sub) -> None:
                    "this much probability (nucleus sampling)")
     s.add_argument("--greedy", action="store_true", help="always take the most likely token")
     s.add_argument("--seed", type=number(NONNEG_INT), default=0, help="sampling seed [%(default)s]")
+    add_best(s)
 
 
 def add_eval(sub) -> None:
@@ -212,6 +218,7 @@ def add_eval(sub) -> None:
                    help="a run folder or a checkpoint .npz [%(default)s]")
     v.add_argument("--text", metavar="FILE", help="UTF-8 text to measure [the run's held-out "
                    "10%%, as its report]")
+    add_best(v)
 
 
 def add_gradcheck(sub) -> None:
@@ -247,6 +254,7 @@ def add_export(sub) -> None:
                    "folder that already holds files is refused")
     e.add_argument("--force", action="store_true",
                    help="replace the files of the same names in a folder that holds some")
+    add_best(e)
 
 
 def add_bench(sub) -> None:

@@ -135,9 +135,12 @@ def test_a_newer_format_is_refused_naming_both_versions(tmp_path):
 
 
 def _without_model(run_dir: Path, version: int | None = None) -> None:
-    """What a folder written before --model holds: options without "model"."""
+    """What a folder written before --model holds: options without "model". With a
+    ``version``, stamped as that version, every other option it records filled in."""
     ckpt = load_checkpoint(run_dir / "checkpoint.npz")
-    options = {k: v for k, v in ckpt.options.items() if k != "model"}
+    options = ckpt.options if version is None else fill_missing(ckpt.config, ckpt.options,
+                                                                 ckpt.version)[1]
+    options = {k: v for k, v in options.items() if k != "model"}
     rewrite_checkpoint(run_dir / "checkpoint.npz", options=options,
                        **({} if version is None else {"format_version": version}))
     rewrite_config_json(run_dir, lambda d: d["options"].pop("model"))

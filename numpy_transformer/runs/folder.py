@@ -29,7 +29,7 @@ from ..checkpoint import (
 )
 from ..files import atomic_write_text, temporary_names
 from .options import default_run_folder, fill_missing
-from .outputs import CHECKPOINT, CONFIG, LOG, RUN_FILES, UsageError, say
+from .outputs import BEST, CHECKPOINT, CONFIG, LOG, RUN_FILES, UsageError, say
 
 try:
     import fcntl
@@ -39,10 +39,11 @@ except ImportError:  # Windows: folders are not locked there
 LOCK = ".lock"  # held by the process training in the folder; holds its pid
 
 
-def checkpoint_path(target: str | Path) -> Path:
-    """A run folder means its ``checkpoint.npz``; a file is taken as it is."""
+def checkpoint_path(target: str | Path, best: bool = False) -> Path:
+    """A run folder means its ``checkpoint.npz`` (``best.npz`` with ``best``); a file is taken
+    as it is."""
     target = Path(target)
-    return target / CHECKPOINT if target.is_dir() else target
+    return target / (BEST if best else CHECKPOINT) if target.is_dir() else target
 
 
 def log_path(run_dir: Path) -> Path:

@@ -41,7 +41,7 @@ from .outputs import (
     say,
 )
 from .precompile import precompile
-from .report import has_report, write_report
+from .report import BestCheckpoint, has_report, write_report
 from .state import Run, read_run, rebuild_run
 
 
@@ -96,9 +96,12 @@ def resume_run(run_dir: str | Path, progress: bool = True, steps: int | None = N
             say(f"{run_dir} has no checkpoint yet (stopped before its first save); starting "
                 f"its run from step 0")
             run.save(checkpoint_path(run_dir))
-        finished = ckpt is not None and ckpt.meta.get("finished") and ckpt.step >= steps
+        finished = ckpt is not None and ckpt.meta.get("finished") and (
+            ckpt.step >= steps or "early_stopped" in ckpt.meta)
         if finished and has_report(run, run_dir):
-            say(f"{run_dir} already finished its {steps} steps; nothing to resume")
+            ended = (f"stopped early at step {ckpt.step} of {steps}" if ckpt.step < steps
+                     else f"finished its {steps} steps")
+            say(f"{run_dir} already {ended}; nothing to resume")
             return EXIT_OK
         cut_log(run_dir, run.trainer.step_count)
         write_description(run_dir, run.description())
@@ -148,23 +151,28 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
             precompile(run, stopping=lambda: stop.signum is not None)
         bar = ProgressBar(steps, clip=o["clip"] or None) if progress else None
         try:
+            best = BestCheckpoint(run_dir, o["early_stop"])
             with open(log_path(run_dir), "a", encoding="utf-8") as log:
-                while trainer.step_count < steps and stop.signum is None:
+                while trainer.step_count < steps and stop.signum is None and not best.stop:
                     r = trainer.step(run.batch(trainer.step_count))
-                    log.write(json.dumps({"step": r.step, "loss": r.loss, "lr": r.lr,
-                                          "grad_norm": r.grad_norm,
-                                          "tokens_per_s": r.tokens_per_s,
-                                          "time": round(time.time(), 3)}) + "\n")
-                    log.flush()
+                    _log(log, {"step": r.step, "loss": r.loss, "lr": r.lr,
+                               "grad_norm": r.grad_norm, "tokens_per_s": r.tokens_per_s,
+                               "time": round(time.time(), 3)})
                     if bar:
                         bar.update(r)
                     if o["eval_every"] and r.step % o["eval_every"] == 0 and r.step < steps:
-                        log.write(json.dumps({"step": r.step, **run.evaluate()}) + "\n")
-                        log.flush()
+                        result = run.evaluate()
+                        best.offer(run, result["val_loss"])  # before its line: see BestCheckpoint
+                        _log(log, {"step": r.step, **result})
                     if o["save_every"] and r.step % o["save_every"] == 0 and r.step < steps:
                         run.save(ckpt_path)
                         saved_at = r.step
-            if stop.signum is None:
+            if best.stop:
+                run.save(ckpt_path, finished=True, early_stopped=trainer.step_count)
+                say(f"early stop after step {trainer.step_count}: {best.since} held-out "
+                    f"evaluations without a new best; best.npz holds step {best.step} (loss "
+                    f"{best.loss:.4f})")
+            elif stop.signum is None:
                 run.save(ckpt_path, finished=True)
             elif saved_at != trainer.step_count:
                 run.save(ckpt_path)
@@ -184,6 +192,12 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
                   file=sys.stderr, flush=True)
             return EXIT_ON_SIGNAL[stop.signum]
     return write_report(run, run_dir)
+
+
+def _log(log, record: dict) -> None:
+    """One line of ``log.jsonl``, on disk at once."""
+    log.write(json.dumps(record) + "\n")
+    log.flush()
 
 
 def _stopped(bar: ProgressBar | None, code: int, message: str) -> int:

@@ -196,6 +196,9 @@ OPTIONS = (
            rule=NONNEG_INT, default=0),
     Option("eval_every", TRAINING, "held-out loss every N steps, 0 = only at the end",
            rule=NONNEG_INT, default=250, overrides={"task": 200}),
+    Option("early_stop", TRAINING, "stop once K held-out evaluations in a row found no new "
+           "best (best.npz keeps the best), 0 = never", rule=NONNEG_INT, default=0,
+           metavar="K", since=(3, 0)),  # runs written before it never stopped early
     Option("save_every", TRAINING, "checkpoint every N steps, 0 = only at the end",
            rule=NONNEG_INT, default=100),
     Option("out", FOLDER, f"where the run goes [{default_run_folder('lm')}, "

@@ -57,11 +57,13 @@ RUN_FILES = {  # every file a run writes into its folder, in the order it first 
     "log.jsonl": 'one JSON line per step {"step", "loss", "lr", "grad_norm", "tokens_per_s", '
                  '"time" (Unix seconds)} '
                  'and per evaluation {"step", "val_loss", ["val_acc"], ["final"]}',
+    "best.npz": "the checkpoint of the lowest held-out loss so far (its meta holds the loss); "
+                "sample, eval and export take it with --best",
     "loss.png": "training loss (and held-out loss) against step",
     "attention.png": "last layer's attention weights on a held-out snippet, one panel per head",
     "sample.txt": "a sample from the final model",
 }
-CONFIG, CHECKPOINT, LOG, LOSS_PLOT, ATTENTION_PLOT, SAMPLE = RUN_FILES  # their names
+CONFIG, CHECKPOINT, LOG, BEST, LOSS_PLOT, ATTENTION_PLOT, SAMPLE = RUN_FILES  # their names
 REPORT_FILES = (LOSS_PLOT, ATTENTION_PLOT, SAMPLE)  # written after the last step (report.py)
 # The files only some runs write: (option, the value of it that writes the file, who that is).
 # An LSTM has no attention map; a synthetic task has no text to sample.

@@ -14,7 +14,7 @@ import numpy as np
 from ..files import atomic_write_text
 from ..generate import generate
 from ..plots import attention_plot, loss_plot
-from .folder import log_path, read_log
+from .folder import checkpoint_path, log_path, read_log
 from .outputs import (
     ATTENTION_PLOT,
     CONFIG,
@@ -30,6 +30,37 @@ from .outputs import (
 )
 from .sample import default_prompt
 from .state import Run
+
+
+class BestCheckpoint:
+    """The lowest held-out loss of a run so far, kept in its ``best.npz``, and the
+    evaluations since it was found (``--early-stop``). Both are read back from the log, so a
+    resumed run goes on counting where it stopped.
+
+    Parameters
+    ----------
+    run_dir : Path
+    patience : int
+        Evaluations in a row without a new best after which :attr:`stop` is true; 0 = never.
+    """
+
+    def __init__(self, run_dir: Path, patience: int = 0) -> None:
+        self.path, self.patience = checkpoint_path(run_dir, best=True), patience
+        losses = [(r["val_loss"], r["step"]) for r in read_log(run_dir) if "val_loss" in r]
+        self.loss, self.step = min(losses, default=(math.inf, 0))
+        self.since = sum(1 for _, step in losses if step > self.step)
+
+    def offer(self, run: Run, loss: float) -> None:
+        """A held-out loss of the run as it is now: a new best is saved to ``best.npz``."""
+        if loss < self.loss:
+            run.save(self.path, val_loss=loss)
+            self.loss, self.step, self.since = loss, run.trainer.step_count, 0
+        else:
+            self.since += 1
+
+    @property
+    def stop(self) -> bool:
+        return bool(self.patience) and self.since >= self.patience
 
 
 def has_report(run: Run, run_dir: Path) -> bool:
@@ -57,6 +88,7 @@ def _report(run: Run, run_dir: Path) -> int:
               f"{run.trainer.step_count} is {result['val_loss']}; the weights of {run_dir} "
               f"cannot be sampled from", file=sys.stderr, flush=True)
         return EXIT_DIVERGED
+    BestCheckpoint(run_dir).offer(run, result["val_loss"])
     with open(log_path(run_dir), "a", encoding="utf-8") as log:
         log.write(json.dumps({"step": run.trainer.step_count, **result, "final": True}) + "\n")
     line = f"held-out loss {result['val_loss']:.4f}"

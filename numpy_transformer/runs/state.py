@@ -238,9 +238,9 @@ class Run:
                 f"{c.ffn_width} {c.activation}, {c.positions} positions, context {c.max_len}, "
                 f"{c.dtype}, {c.backend} attention")
 
-    def meta(self, finished: bool) -> dict:
+    def meta(self, finished: bool, **more) -> dict:
         return {"finished": finished, "model": type(self.model).__name__,
-                "data_fingerprint": self.data_fingerprint}
+                "data_fingerprint": self.data_fingerprint, **more}
 
     def description(self) -> dict:
         """What config.json holds; two runs with equal config and options are the same run."""
@@ -248,12 +248,14 @@ class Run:
                 "options": self.options}
 
     # ---------------------------------------------------------------- checkpoints
-    def save(self, path: Path, finished: bool = False) -> None:
+    def save(self, path: Path, finished: bool = False, **meta) -> None:
+        """A checkpoint of the run as it is now; ``meta`` joins its meta entry (the held-out
+        loss of a best checkpoint, an early stop)."""
         save_checkpoint(path, step=self.trainer.step_count, model=self.model,
                         optimizer=self.optimizer, rng=rng_states(self.generators()),
                         config=dataclasses.asdict(self.config), options=self.options,
                         tokenizer=self.tokenizer.to_dict() if self.tokenizer else None,
-                        meta=self.meta(finished))
+                        meta=self.meta(finished, **meta))
 
     def restore(self, ckpt, path: Path) -> None:
         """Load a checkpoint's weights, moments, step and generators into this run.
