@@ -63,7 +63,7 @@ def check_heads_grads(dys, x: np.ndarray, ws: tuple, heads: int) -> None:
         raise ValueError(f"dys must be {len(ws)} gradients, one per projection")
     bsz, t, _ = x.shape
     for i, (w, dy) in enumerate(zip(ws, dys, strict=True)):
-        check_shaped(f"dys[{i}]", dy, (bsz, heads, t, w.shape[1] // heads))
+        check_shaped(f"dys[{i}]", dy, (bsz, heads, t, w.shape[1] // heads), np.result_type(x, w))
 
 
 def split_heads(x: np.ndarray, heads: int) -> np.ndarray:
