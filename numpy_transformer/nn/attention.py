@@ -185,12 +185,12 @@ class MultiHeadAttention(Module):
         """Equations (1), (2), (4)-(6) with src = context, for :meth:`_backward_cross`."""
         # (1), (2): q (B, H, T_q, D) from x; k, v (B, H, T_k, D) from the context
         (q,), q_cache = self.ops.linear_heads_forward(x, *self._projections("q"), self.heads)
-        (k, v), kv_cache = self.ops.linear_heads_forward(context, *self._projections("kv"),
-                                                         self.heads)
+        (k, v), context_cache = self.ops.linear_heads_forward(context, *self._projections("kv"),
+                                                              self.heads)
         o, sdpa = self._attend(q, k, v, mask, x.dtype)  # (4) (B, H, T_q, D)
         o = merge_heads(o)  # (5) (B, T_q, C)
         out, out_cache = self.ops.linear_forward(o, self.params["wo"], self.params.get("bo"))  # (6)
-        self.cache = AttentionCache((q_cache, kv_cache), sdpa, out_cache, True, q.shape[2])
+        self.cache = AttentionCache((q_cache, context_cache), sdpa, out_cache, True, q.shape[2])
         return out
 
     def _forward_cached(self, x: np.ndarray, context: np.ndarray | None,
