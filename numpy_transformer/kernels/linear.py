@@ -77,12 +77,11 @@ _JIT = jit_options()
 
 
 class HeadsKernelCache(NamedTuple):
-    x: np.ndarray  # (N, C_in), N = B T, the forward's own copy
+    x: np.ndarray  # (B, T, C_in) C-contiguous, the forward's own copy
     w: np.ndarray  # (C_in, S C): the S weights side by side, the forward's own
     has_bias: bool
     groups: int  # S
     heads: int  # H
-    shape: tuple  # (B, T, C_in)
 
 
 def _use_reference(n: int) -> bool:
@@ -267,7 +266,7 @@ def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int)
     with blas_on_calling_thread():
         _forward_heads_kernel(x2, w, bias, has_bias, _chunks(x2.shape[0]),
                               numba.get_num_threads(), gemm_address(w.dtype), out)
-    return tuple(out), HeadsKernelCache(x2, w, has_bias, groups, heads, x.shape)
+    return tuple(out), HeadsKernelCache(x2.reshape(x.shape), w, has_bias, groups, heads)
 
 
 def linear_heads_backward(dys: tuple, cache):
@@ -279,15 +278,15 @@ def linear_heads_backward(dys: tuple, cache):
     if isinstance(cache, LinearHeadsCache):  # few rows: the reference's forward made it
         return reference.linear_heads_backward(dys, cache)
     check_cache(cache, HeadsKernelCache, "linear_heads_forward")
-    x2, w, has_bias, groups, heads, shape = cache
-    check_consistent(cache, isinstance(x2, np.ndarray) and isinstance(w, np.ndarray)
-                     and x2.ndim == w.ndim == 2 and x2.shape[1] == w.shape[0] == shape[2]
-                     and x2.shape[0] == shape[0] * shape[1] and w.dtype == x2.dtype
+    x, w, has_bias, groups, heads = cache
+    check_consistent(cache, isinstance(x, np.ndarray) and isinstance(w, np.ndarray)
+                     and x.ndim == 3 and w.ndim == 2 and x.shape[2] == w.shape[0]
+                     and x.flags.c_contiguous and w.dtype == x.dtype
                      and w.shape[1] % groups == 0)
-    check_kernel_float("cache.x", x2)
+    check_kernel_float("cache.x", x)
     c = w.shape[1] // groups  # each projection's width, H D
-    check_heads_grads(dys, x2.reshape(shape), tuple(w[:, i * c:(i + 1) * c]
-                                                    for i in range(groups)), heads)
+    check_heads_grads(dys, x, tuple(w[:, i * c:(i + 1) * c] for i in range(groups)), heads)
+    x2 = x.reshape(-1, x.shape[2])  # (N, C_in), N = B T
     n, c_in = x2.shape
     flat = tuple(np.ascontiguousarray(merge_heads(dy), dtype=x2.dtype).reshape(n, c)
                  for dy in dys)  # (2) merge heads, free for the attention kernel's (N, C)
@@ -302,4 +301,4 @@ def linear_heads_backward(dys: tuple, cache):
     dws = tuple(dw[:, i * c:(i + 1) * c] for i in range(groups))
     db = db_part.sum(axis=0).astype(x2.dtype) if has_bias else None
     dbs = tuple(db[i * c:(i + 1) * c] for i in range(groups)) if has_bias else None
-    return dx.reshape(shape), dws, dbs
+    return dx.reshape(x.shape), dws, dbs
