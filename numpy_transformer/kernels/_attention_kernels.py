@@ -308,10 +308,10 @@ def _queries_product(e_t, x, out, i0, n, t_q, t_k, causal, fn):
 def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, bias, bstr,
                          has_bias, n_threads, fn, out, lse):  # pragma: no cover - compiled
     # Equations (1)-(5) of functional/attention.sdpa_forward, one query block per work item.
-    # q: (B, H, T_q, D) any strides, k, v: (B, H, T_k, D) C-contiguous -> out: (B, T_q, H, D)
-    # C-contiguous (the caller returns its (B, H, T_q, D) view: a C array, whatever T_q, so
-    # decoding one token at a time calls the kernel compiled for training), lse: (B, H, T_q)
-    # float64
+    # q: (B, H, T_q, D) any strides (the wrapper's C-contiguous copy), k, v: (B, H, T_k, D)
+    # C-contiguous -> out: (B, T_q, H, D) C-contiguous (the caller returns its (B, H, T_q, D)
+    # view: a C array, whatever T_q, so decoding one token at a time calls the kernel
+    # compiled for training), lse: (B, H, T_q) float64
     n_b, heads, t_q, d = q.shape
     t_k = k.shape[2]
     n_blk = (t_q + _BLOCK_Q - 1) // _BLOCK_Q
