@@ -77,13 +77,23 @@ def _lstm(rng, dtype):
                     split=lambda result: ((result[0], *result[1]), result[2]))
 
 
+def _linear_heads(rng, dtype):
+    """Two projections of one source, 256 rows: the numba kernel's own path."""
+    return PairCase([_normal(rng, dtype, 2, 128, 4),
+                     (_normal(rng, dtype, 4, 6), _normal(rng, dtype, 4, 6)),
+                     (_normal(rng, dtype, 6), _normal(rng, dtype, 6)), 2],
+                    split=lambda result: (result[0], result[1]),
+                    call=lambda backward, douts, cache: backward(douts, cache))
+
+
 def _sdpa(rng, dtype):
     q, k, v = (_normal(rng, dtype, 2, 2, t, 4) for t in (5, 6, 6))
     return PairCase([q, k, v], dict(mask=_mask(rng, 2, 1, 5, 6),
                                     bias=alibi_bias(2, 5, 6, dtype=dtype)))
 
 
-# linear and relu_ffn with 256 rows: the numba kernels' own path, not their reference's
+# linear, linear_heads and relu_ffn with 256 rows: the numba kernels' own path, not the
+# reference's
 PAIR_CASES: dict[str, Callable[[np.random.Generator, np.dtype], PairCase]] = {
     "relu": _one_input, "gelu": _one_input, "gelu_tanh": _one_input, "silu": _one_input,
     "softmax": _one_input,
@@ -104,6 +114,7 @@ PAIR_CASES: dict[str, Callable[[np.random.Generator, np.dtype], PairCase]] = {
     "lstm": _lstm,
     "linear": lambda rng, dtype: PairCase([_normal(rng, dtype, 2, 128, 4),
                                            _normal(rng, dtype, 4, 6), _normal(rng, dtype, 6)]),
+    "linear_heads": _linear_heads,
     "relu_ffn": lambda rng, dtype: PairCase([_normal(rng, dtype, 2, 128, 4)] + [
         _normal(rng, dtype, *s) for s in ((4, 8), (8,), (8, 4), (4,))]),
     "sdpa": _sdpa,
@@ -112,10 +123,6 @@ PAIR_CASES: dict[str, Callable[[np.random.Generator, np.dtype], PairCase]] = {
 # (backend, pair) -> where the cache aliases: files other helpers own, fixed on their
 # branches. Strict: each must fail until that branch merges, then its entry goes.
 PAIR_XFAIL: dict[tuple[str, str], str] = {
-    ("numpy", "linear"): "functional/linear.py, fixed on h-attn",
-    ("numba", "linear"): "kernels/linear.py, fixed on h-attn",
-    ("numpy", "sdpa"): "functional/attention.py, fixed on h-attn",
-    ("numba", "sdpa"): "kernels/attention.py, fixed on h-attn",
     ("numpy", "relu_ffn"): "functional/fused.py, fixed on h-ffn",
     ("numba", "relu_ffn"): "kernels/feedforward.py, fixed on h-ffn",
 }
@@ -246,22 +253,10 @@ MODULE_CASES: dict[str, Callable[[np.random.Generator, np.dtype, str], ModuleCas
     "LSTMLM(state)": lambda rng, dtype, backend: _lstm_lm(rng, dtype, backend, state=True),
 }
 
-# As PAIR_XFAIL, for the modules. The tiny inputs take the kernels' small-input paths, which
-# are the references (linear_forward keeps x; linear_heads_forward keeps x and the context);
-# the attention kernel also keeps a general mask.
-_LINEAR = "functional/linear.py, fixed on h-attn"
-_ATTENTION = {"numpy": "functional/linear.py (linear_heads_forward), fixed on h-attn",
-              "numba": "functional/linear.py (linear_heads_forward) and kernels/attention.py "
-                       "(the mask), fixed on h-attn"}
+# As PAIR_XFAIL, for the modules.
 MODULE_XFAIL: dict[tuple[str, str], str] = {
-    **{(backend, name): _LINEAR for backend in BACKENDS for name in (
-        "Linear", "TiedOutput", *(f"FeedForward({act})" for act in ACTIVATIONS if act != "relu"))},
     **{(backend, "FeedForward(relu)"): "functional/fused.py (relu_ffn_forward), fixed on h-ffn"
        for backend in BACKENDS},
-    **{(backend, name): _ATTENTION[backend] for backend in BACKENDS for name in (
-        "MultiHeadAttention(self)", "MultiHeadAttention(cross)", "MultiHeadAttention(rope)",
-        "MultiHeadAttention(alibi)", "EncoderBlock(post-LN, dropout)", "DecoderBlock(cross)")},
-    ("numba", "EncoderBlock(pre-LN)"): "kernels/attention.py (the mask), fixed on h-attn",
 }
 
 

@@ -204,6 +204,10 @@ def _ops_cases(ops):
     logits, targets = arr(B, T, V), tokens()
     cases = {
         "linear_backward": (lambda: ops.linear_forward(x, arr(C, 5)), ops.linear_backward),
+        "linear_heads_backward": (  # one projection, two heads: its one gradient as dout
+            lambda: (lambda ys, cache: (ys[0], cache))(
+                *ops.linear_heads_forward(x, (arr(C, 4, seed=9),), None, 2)),
+            lambda d, c: ops.linear_heads_backward((d,), c)),
         "layer_norm_backward": (lambda: ops.layer_norm_forward(x, w, b),
                                 ops.layer_norm_backward),
         "rms_norm_backward": (lambda: ops.rms_norm_forward(x, w), ops.rms_norm_backward),

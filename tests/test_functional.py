@@ -29,6 +29,24 @@ def test_linear_without_bias(rng):
     assert report.ok(TOL)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_heads(rng, bias):
+    """Two projections of one x, two heads each: dx sums both paths."""
+    inputs = {"x": rng.normal(size=(2, 3, 5)), "wq": rng.normal(size=(5, 4)),
+              "wk": rng.normal(size=(5, 4))}
+    if bias:
+        inputs |= {"bq": rng.normal(size=4), "bk": rng.normal(size=4)}
+
+    def forward(x, wq, wk, *bs):
+        return F.linear_heads_forward(x, (wq, wk), bs or None, 2)
+
+    def backward(dys, cache):
+        dx, dws, dbs = F.linear_heads_backward(dys, cache)
+        return (dx, *dws, *(dbs or ()))
+
+    assert check_op(forward, backward, inputs).ok(TOL)
+
+
 def test_embedding_accumulates_repeated_ids(rng):
     table = rng.normal(size=(6, 4))
     ids = np.array([[1, 1, 3], [5, 1, 0]])

@@ -12,15 +12,17 @@ import numpy as np
 import pytest
 
 from numpy_transformer.functional import attention as ref
+from numpy_transformer.functional.linear import merge_heads
 from numpy_transformer.functional.masks import causal_mask, combine_masks, key_padding_mask
 from numpy_transformer.functional.positional import alibi_bias
 from numpy_transformer.gradcheck import check_op
+from numpy_transformer.kernels import _attention_kernels as compiled
 from numpy_transformer.kernels import attention as ker
 from numpy_transformer.kernels import special
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5}
 B, H, D = 2, 3, 8
-T = 2 * ker._BLOCK_Q + 3  # three query blocks of the kernel, the last one holding 3 rows
+T = 2 * compiled._BLOCK_Q + 3  # three query blocks of the kernel, the last one holding 3 rows
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -94,7 +96,7 @@ def test_kernel_matches_reference(kind, dtype):
 def test_wide_heads_multiply_in_pieces(kind, dtype):
     """At D = 64 the products along the keys run in pieces of 122 keys (OpenBLAS's small
     matrices), several per block here: the pieces must add up to the whole products."""
-    assert ker._key_piece(ker._BLOCK_Q, 64) < T
+    assert compiled._key_piece(compiled._BLOCK_Q, 64) < T
     rng = np.random.default_rng(5)
     t_q, t_k, mask, bias = make_case(kind, rng)
     want, got, _ = run_both(t_q, t_k, mask, bias, dtype, rng, d=64)
@@ -115,21 +117,21 @@ def test_products_in_pieces_match_numpy(causal):
     i0, n, d, t = 1024, 128, 16, 1200
     k_hi = i0 + n if causal else t
     visible = np.arange(n)[None, :] >= np.array(
-        [ker._first_row(j, i0, n, t, t, causal) for j in range(k_hi)])[:, None]  # (k_hi, n)
-    full = ker._full_keys(k_hi, i0, t, t, causal)
-    assert (full == k_hi) != causal and 2 * ker._key_piece(d, n) < full
+        [compiled._first_row(j, i0, n, t, t, causal) for j in range(k_hi)])[:, None]  # (k_hi, n)
+    full = compiled._full_keys(k_hi, i0, t, t, causal)
+    assert (full == k_hi) != causal and 2 * compiled._key_piece(d, n) < full
     a, b_t, x_q, x_k = (rng.standard_normal(s) for s in ((k_hi, d), (d, n), (n, d), (k_hi, d)))
     fn = ker.gemm_address(np.float64)
     scores = np.full((k_hi, n), np.nan)
-    ker._scores_t(a, b_t, scores, i0, n, t, t, causal, fn)
+    compiled._scores_t(a, b_t, scores, i0, n, t, t, causal, fn)
     assert rel_err(scores[visible], (a @ b_t)[visible]) <= 1e-13
     weights = np.where(visible, rng.standard_normal((k_hi, n)), 0.0)  # zero where hidden
     before = rng.standard_normal((k_hi, d))  # the keys' product adds into its output
     out = before.copy()
-    ker._keys_product(weights, x_q, out, i0, n, t, t, causal, fn)
+    compiled._keys_product(weights, x_q, out, i0, n, t, t, causal, fn)
     assert rel_err(out, before + weights @ x_q) <= 1e-13
     out = np.full((n, d), np.nan)
-    ker._queries_product(weights, x_k, out, i0, n, t, t, causal, fn)
+    compiled._queries_product(weights, x_k, out, i0, n, t, t, causal, fn)
     assert rel_err(out, weights.T @ x_k) <= 1e-13
 
 
@@ -299,21 +301,15 @@ def test_nan_spreads_as_in_the_reference(kind, dtype):
             assert not (np.isnan(got) & ~np.isnan(want)).any()
 
 
-@pytest.mark.parametrize("module", [ref, ker], ids=["reference", "kernel"])
-def test_backward_writes_into_given_views(module):
-    """``out=``: gradients land in the caller's strided views (one stacked buffer), equal to
-    the returned ones; the kernel rejects views of the wrong shape."""
+def test_kernel_gradients_merge_heads_for_free():
+    """The kernel's dq, dk, dv, like its output, are (B, H, T, D) views of memory laid out
+    (B, T, H, D): merging their heads (what the attention module does next) is a reshape."""
     rng = np.random.default_rng(11)
     b, h, t, d = 2, 3, 70, 8
     q, k, v, g = (rng.standard_normal((b, h, t, d)) for _ in range(4))
-    _, cache = module.sdpa_forward(q, k, v, mask=causal_mask(t))
-    want = module.sdpa_backward(g, cache)
-    buf = np.full((b, t, 3, h, d), np.nan)  # (B, T, 3, H, D), as the attention module stacks
-    views = tuple(buf[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
-    got = module.sdpa_backward(g, cache, out=views)
-    assert all(a is w for a, w in zip(got, views, strict=True))
-    for a, w in zip(views, want, strict=True):
-        np.testing.assert_allclose(a, w, rtol=0, atol=1e-13)
-    if module is ker:
-        with pytest.raises(ValueError, match="out"):
-            module.sdpa_backward(g, cache, out=(views[0][:, :, 1:], views[1], views[2]))
+    out, cache = ker.sdpa_forward(q, k, v, mask=causal_mask(t))
+    want = ref.sdpa_backward(g, ref.sdpa_forward(q, k, v, mask=causal_mask(t))[1])
+    for got, w in zip((out, *ker.sdpa_backward(g, cache)), (None, *want), strict=True):
+        assert np.shares_memory(merge_heads(got), got)
+        if w is not None:
+            np.testing.assert_allclose(got, w, rtol=0, atol=1e-13)

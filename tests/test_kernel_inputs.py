@@ -49,6 +49,7 @@ NOT_KERNELS = {
     "exp_shifted": "called from Python it is its NumPy reference line (compiled: an overload)",
     "exp_clamped": "called from Python it is np.exp (compiled: an overload)",
     "SDPAKernelCache": "the forward's cache, a NamedTuple; sdpa_backward checks what it holds",
+    "HeadsKernelCache": "the forward's cache, a NamedTuple; linear_heads_backward checks it",
 }
 
 ROWS = 300  # above kernels.linear._MIN_ROWS: the chunked kernels run, not the reference
@@ -95,10 +96,15 @@ def _sdpa_args():
     return arr(2, 3, 4, 8), arr(2, 3, 5, 8), arr(2, 3, 5, 8), causal_mask(4, 5), arr(1, 3, 4, 5)
 
 
-def _sdpa_backward_args():
-    dout, cache = _backward(attention.sdpa_forward, _sdpa_args)()
-    out = (np.empty((2, 3, 4, 8)), np.empty((2, 3, 5, 8)), np.empty((2, 3, 5, 8)))
-    return dout, cache, out
+def _heads_args():
+    """x (B, T, C_in), two weights and their biases, two heads: the kernel's own path."""
+    return (arr(3, ROWS // 3, 6), (arr(6, 12), arr(6, 12, seed=1)),
+            (arr(12), arr(12, seed=2)), 2)
+
+
+def _heads_backward_args():
+    ys, cache = linear.linear_heads_forward(*_heads_args())
+    return tuple(arr(*y.shape, seed=3 + i) for i, y in enumerate(ys)), cache
 
 
 def _embeddings_args():
@@ -167,8 +173,8 @@ CASES = {
                          # (B, H, T_q, T_k): (1, T_k) and (2, H, T_q, T_k) both do
                          accepts=("4:float16", "4:other float", "3:one row",
                                   "4:one row more")),
-    "sdpa_backward": Case(attention.sdpa_backward, _sdpa_backward_args, bound=(0, 2),
-                          caches=(1,)),
+    "sdpa_backward": Case(attention.sdpa_backward, _backward(attention.sdpa_forward, _sdpa_args),
+                          bound=(0,), caches=(1,)),
     "gemm": Case(blas.gemm, _gemm_args, bound=(0, 1, 2)),
     "gemm_address": Case(blas.gemm_address, lambda: (np.float64,)),
     "embeddings_forward": Case(embedding.embeddings_forward, _embeddings_args, bound=(3,)),
@@ -187,9 +193,10 @@ CASES = {
     "linear_backward": Case(linear.linear_backward,
                             _backward(linear.linear_forward, _linear_args), bound=(0,),
                             caches=(1,)),
-    "linear_heads_forward": Case(linear.linear_heads_forward,
-                                 lambda: (*_linear_args(), 3, 2), bound=(1, 2),
-                                 accepts=_PROMOTED),
+    "linear_heads_forward": Case(linear.linear_heads_forward, _heads_args, bound=(1, 2),
+                                 accepts=("1:first other float", "2:first other float")),
+    "linear_heads_backward": Case(linear.linear_heads_backward, _heads_backward_args,
+                                  bound=(0,), caches=(1,)),
     "layer_norm_forward": Case(norms.layer_norm_forward, _norm_args, bound=(1, 2),
                                accepts=("1:float16", "1:other float", "2:float16",
                                         "2:other float")),  # w, b: cast to x's dtype
@@ -253,7 +260,7 @@ def _mutations(value, bound: bool, cache: bool):
         yield "a plain tuple", tuple(value)
     elif isinstance(value, np.ndarray):
         yield from _array_mutations(value, bound)
-    elif isinstance(value, (list, tuple)):  # adam's groups and decays, sdpa_backward's out
+    elif isinstance(value, (list, tuple)):  # adam's groups and decays, linear_heads' ws, bs, dys
         yield "empty", type(value)()
         for label, first in _mutations(value[0], True, False):
             yield f"first {label}", type(value)([first, *value[1:]])

@@ -165,27 +165,58 @@ def test_attention_projections_on_the_kernel_equal_the_reference(cross):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("batch, t", [(13, 100), (2, 7)])  # chunks that split sequences; few rows
-def test_heads_layout_matches_the_reference(dtype, bias, batch, t):
-    """The stacked q/k/v product by head, (S, B, H, T, D): both backends' arrays are
-    C-contiguous and hold the same numbers, and the cache is the plain product's."""
-    groups, heads, d = 3, 4, 5
-    x, w, b, _ = _problem((batch, t, 16), groups * heads * d, dtype)
-    b = b if bias else None
-    y_r, cache_r = ref.linear_heads_forward(x, w, b, groups, heads)
-    y_f, cache_f = fast.linear_heads_forward(x, w, b, groups, heads)
-    flat = ref.linear_forward(x, w, b)[0]  # (B, T, S*H*D)
-    assert y_r.shape == y_f.shape == (groups, batch, heads, t, d) and y_f.dtype == dtype
-    np.testing.assert_array_equal(y_r[1, 0, 2, 3], flat[0, 3, (4 + 2) * d:(4 + 3) * d])
-    assert rel_err(y_f, y_r) <= TOL[dtype]
-    assert y_r.flags.c_contiguous and y_f.flags.c_contiguous  # one layout on both backends
-    assert type(cache_f) is type(cache_r) and cache_f.has_bias == bias
-    np.testing.assert_array_equal(cache_f.x, cache_r.x)
+def test_heads_kernel_matches_the_reference(dtype, bias, batch, t):
+    """Three projections of one source by head, (B, H, T, D) each, and their backward: the
+    kernel (one product of the weights side by side) gives the reference's numbers, and its
+    own heads are C-contiguous."""
+    heads, d = 4, 5
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((batch, t, 16)).astype(dtype)
+    ws = tuple(rng.standard_normal((16, heads * d)).astype(dtype) for _ in range(3))
+    bs = tuple(rng.standard_normal(heads * d).astype(dtype) for _ in range(3)) if bias else None
+    ys_r, cache_r = ref.linear_heads_forward(x, ws, bs, heads)
+    ys_f, cache_f = fast.linear_heads_forward(x, ws, bs, heads)
+    flat = ref.linear_forward(x, ws[1], None if bs is None else bs[1])[0]  # (B, T, H*D)
+    np.testing.assert_array_equal(ys_r[1][0, 2, 3], flat[0, 3, 2 * d:3 * d])
+    for y_r, y_f in zip(ys_r, ys_f, strict=True):
+        assert y_r.shape == y_f.shape == (batch, heads, t, d) and y_f.dtype == dtype
+        assert rel_err(y_f, y_r) <= TOL[dtype]
+        assert y_f.flags.c_contiguous or batch * t < fast._MIN_ROWS  # few rows: the reference
+    dys = tuple(rng.standard_normal(y.shape).astype(dtype) for y in ys_r)
+    got, want = fast.linear_heads_backward(dys, cache_f), ref.linear_heads_backward(dys, cache_r)
+    assert rel_err(got[0], want[0]) <= TOL[dtype]
+    for name, i in (("dws", 1), ("dbs", 2)):
+        if want[i] is None:
+            assert got[i] is None and not bias
+            continue
+        for g, w in zip(got[i], want[i], strict=True):
+            assert g.dtype == dtype and rel_err(g, w) <= TOL[dtype], name
+
+
+def test_heads_backward_sums_the_paths_of_one_source():
+    """dx of two projections of one x is the sum of each projection's linear_backward."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 150, 6))
+    ws = (rng.standard_normal((6, 8)), rng.standard_normal((6, 8)))
+    dys = tuple(rng.standard_normal((2, 2, 150, 4)) for _ in ws)
+    for impl in (ref, fast):
+        _, cache = impl.linear_heads_forward(x, ws, None, 2)
+        dx, dws, dbs = impl.linear_heads_backward(dys, cache)
+        parts = [ref.linear_backward(ref.merge_heads(dy), ref.linear_forward(x, w)[1])
+                 for w, dy in zip(ws, dys, strict=True)]
+        assert dbs is None and rel_err(dx, parts[0][0] + parts[1][0]) <= 1e-12
+        for dw, part in zip(dws, parts, strict=True):
+            assert rel_err(dw, part[1]) <= 1e-12
 
 
 def test_heads_layout_rejects_bad_input():
     x, w, b, _ = _problem((300, 6), 12, np.float64)
     for impl in (ref, fast):
         with pytest.raises(ValueError, match="dimensions"):
-            impl.linear_heads_forward(x, w, b, 3, 2)  # (N, C): not (B, T, C)
+            impl.linear_heads_forward(x, (w, w), (b, b), 2)  # (N, C): not (B, T, C)
         with pytest.raises(ValueError, match="last"):
-            impl.linear_heads_forward(x[None, :, :5], w, b, 3, 2)
+            impl.linear_heads_forward(x[None, :, :5], (w, w), (b, b), 2)
+        with pytest.raises(ValueError, match="tuple"):
+            impl.linear_heads_forward(x[None], w, b, 2)  # one array, not a tuple of them
+        with pytest.raises(ValueError, match="heads"):
+            impl.linear_heads_forward(x[None], (w,), (b,), 5)

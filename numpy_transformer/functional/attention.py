@@ -25,7 +25,7 @@ __all__ = ['sdpa_forward', 'sdpa_backward', 'attention_weights']
 
 
 class SDPACache(NamedTuple):
-    q: np.ndarray  # (B, H, T_q, D)
+    q: np.ndarray  # (B, H, T_q, D), the forward's own copy (as are k and v)
     k: np.ndarray  # (B, H, T_k, D)
     v: np.ndarray  # (B, H, T_k, D)
     probs: np.ndarray  # (B, H, T_q, T_k) attention weights, 0 where masked
@@ -63,19 +63,10 @@ def check_attention_inputs(q, k, v, mask=None, bias=None, scale=None) -> None:
                              f"(B, H, T_q, T_k) = {scores_shape}")
 
 
-def check_sdpa_grads(dout: np.ndarray, q: np.ndarray, t_k: int, out) -> None:
+def check_sdpa_grads(dout: np.ndarray, q: np.ndarray) -> None:
     """Raise ``ValueError`` unless ``dout`` is shaped like the forward's output (q's shape and
-    dtype) and ``out`` is None or three writeable arrays of q's dtype shaped like q, k, v."""
+    dtype)."""
     check_shaped("dout", dout, q.shape, q.dtype)
-    if out is None:
-        return
-    b, h, t_q, d = q.shape
-    shapes = [(b, h, t_q, d), (b, h, t_k, d), (b, h, t_k, d)]
-    if not (isinstance(out, (tuple, list)) and len(out) == 3
-            and all(isinstance(o, np.ndarray) and o.shape == s and o.dtype == q.dtype
-                    and o.flags.writeable for o, s in zip(out, shapes, strict=False))):
-        raise ValueError(f"out must be three writeable {q.dtype} arrays shaped like q, k, v: "
-                         f"{shapes}")
 
 
 def scores_forward(q, k, mask=None, bias=None, scale=None):
@@ -140,18 +131,14 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     check_attention_inputs(q, k, v, mask, bias, scale)
     probs, scale = scores_forward(q, k, mask, bias, scale)
     out = probs @ v  # (5) (B, H, T_q, D)
-    return out, SDPACache(q, k, v, probs, scale)
+    # the cache owns what it keeps: the caller may write into q, k and v before the backward
+    return out, SDPACache(q.copy(), k.copy(), v.copy(), probs, scale)
 
 
-def sdpa_backward(dout, cache: SDPACache, out=None):
-    """Gradients of :func:`sdpa_forward`: returns ``(dq, dk, dv)``, each shaped like its input.
-
-    ``out``, optional, is a tuple of three arrays of those shapes (any strides, e.g. views into
-    one buffer the caller reads next): the gradients are written into them and they are
-    returned.
-    """
+def sdpa_backward(dout, cache: SDPACache):
+    """Gradients of :func:`sdpa_forward`: returns ``(dq, dk, dv)``, each shaped like its input."""
     q, k, v, p, scale = cache
-    check_sdpa_grads(dout, q, k.shape[2], out)
+    check_sdpa_grads(dout, q)
     # (5) out = p v          =>  dv = p^T dout,  dp = dout v^T
     dv = p.swapaxes(-1, -2) @ dout  # (B, H, T_k, D)
     dp = dout @ v.swapaxes(-1, -2)  # (B, H, T_q, T_k)
@@ -162,8 +149,4 @@ def sdpa_backward(dout, cache: SDPACache, out=None):
     sc = q.dtype.type(scale)
     dq = (ds @ k) * sc
     dk = (ds.swapaxes(-1, -2) @ q) * sc
-    if out is not None:
-        for dst, grad in zip(out, (dq, dk, dv), strict=True):
-            dst[...] = grad
-        return out
     return dq, dk, dv

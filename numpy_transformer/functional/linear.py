@@ -14,13 +14,21 @@ import numpy as np
 from .._checks import check_float, check_last_dim, check_positive, check_shaped
 
 # The operations of the backends (numpy_transformer.backend)
-__all__ = ['linear_forward', 'linear_backward', 'linear_heads_forward']
+__all__ = ['linear_forward', 'linear_backward', 'linear_heads_forward',
+           'linear_heads_backward']
 
 
 class LinearCache(NamedTuple):
-    x: np.ndarray  # (..., C_in)
-    w: np.ndarray  # (C_in, C_out)
+    x: np.ndarray  # (..., C_in), the forward's own copy
+    w: np.ndarray  # (C_in, C_out), the forward's own copy
     has_bias: bool
+
+
+class LinearHeadsCache(NamedTuple):
+    x: np.ndarray  # (B, T, C_in), the forward's own copy
+    ws: tuple  # S weights (C_in, C), the forward's own copies
+    has_bias: bool
+    heads: int  # H
 
 
 def check_linear_inputs(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> None:
@@ -32,13 +40,42 @@ def check_linear_inputs(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> N
         check_shaped("b", b, w.shape[1:], what="w's columns")
 
 
-def check_heads(w: np.ndarray, groups: int, heads: int) -> None:
-    """Raise ``ValueError`` unless w's columns split into ``groups`` x ``heads`` heads."""
-    check_positive("groups", groups, integer=True)
+def check_heads(ws: tuple, bs: tuple | None, heads: int) -> None:
+    """Raise ``ValueError`` unless ws is a non-empty tuple of (C_in, C) weights whose C split
+    into ``heads`` heads, and bs None or a tuple of as many (C,) biases."""
     check_positive("heads", heads, integer=True)
-    if w.shape[1] % (groups * heads):
-        raise ValueError(f"w has {w.shape[1]} columns, which do not split into {groups} "
-                         f"groups of {heads} heads")
+    if not isinstance(ws, tuple) or not ws:
+        raise ValueError(f"ws must be a non-empty tuple of weights, got {type(ws).__name__}")
+    if bs is not None and (not isinstance(bs, tuple) or len(bs) != len(ws)):
+        raise ValueError(f"bs must be None or a tuple of {len(ws)} biases, one per weight")
+    for i, w in enumerate(ws):
+        check_float(f"ws[{i}]", w, ndim=2)
+        if w.shape[1] % heads:
+            raise ValueError(f"ws[{i}] has {w.shape[1]} columns, which do not split into "
+                             f"{heads} heads")
+        if bs is not None:
+            check_shaped(f"bs[{i}]", bs[i], w.shape[1:], what="w's columns")
+
+
+def check_heads_grads(dys, x: np.ndarray, ws: tuple, heads: int) -> None:
+    """Raise ``ValueError`` unless dys holds one (B, H, T, D) gradient per weight of ws."""
+    if not isinstance(dys, (tuple, list)) or len(dys) != len(ws):
+        raise ValueError(f"dys must be {len(ws)} gradients, one per projection")
+    bsz, t, _ = x.shape
+    for i, (w, dy) in enumerate(zip(ws, dys, strict=True)):
+        check_shaped(f"dys[{i}]", dy, (bsz, heads, t, w.shape[1] // heads), np.result_type(x, w))
+
+
+def split_heads(x: np.ndarray, heads: int) -> np.ndarray:
+    """(B, T, C) -> (B, H, T, D) with D = C / H: head h owns features h*D .. (h+1)*D - 1."""
+    b, t, c = x.shape
+    return x.reshape(b, t, heads, c // heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x: np.ndarray) -> np.ndarray:
+    """(B, H, T, D) -> (B, T, H*D): the inverse of :func:`split_heads` (and its backward)."""
+    b, h, t, d = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, t, h * d)
 
 
 def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
@@ -63,7 +100,8 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
     out = x @ w  # (1) (..., C_out)
     if b is not None:
         out += b
-    return out, LinearCache(x, w, b is not None)
+    # the cache owns what it keeps: the caller may write into x and w before the backward
+    return out, LinearCache(x.copy(), w.copy(), b is not None)
 
 
 def linear_backward(dout: np.ndarray, cache: LinearCache):
@@ -79,34 +117,62 @@ def linear_backward(dout: np.ndarray, cache: LinearCache):
     return dx, dw, db
 
 
-def linear_heads_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, groups: int,
-                         heads: int):
-    """``linear_forward`` for the stacked projections of attention, split into heads.
-
-    The output columns are ``groups`` blocks (q, k, v side by side) of ``heads`` heads of
-    width D each; they come back as one (S, B, H, T, D) array, S = ``groups``, so that
-    ``y[0]`` is the (B, H, T, D) query heads. The cache is ``linear_forward``'s, and the
-    backward is ``linear_backward`` of the gradient laid out as (B, T, S*H*D).
+def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int):
+    """Several affine maps of one source, each split into heads: attention's projections.
 
     Parameters
     ----------
     x : ndarray of shape (B, T, C_in)
-    w : ndarray of shape (C_in, S*H*D)
-    b : ndarray of shape (S*H*D,), optional
-    groups, heads : int
-        S and H.
+    ws : tuple of S ndarrays of shape (C_in, C)
+        The weights (for example wq, wk, wv), each C = H*D.
+    bs : tuple of S ndarrays of shape (C,), or None
+        The biases, or none at all.
+    heads : int
+        H.
 
     Returns
     -------
-    y : ndarray of shape (S, B, H, T, D)
-        C-contiguous, each head's (T, D) rows together, as the compiled version writes it:
-        the attention that reads it sees one memory layout on either backend.
-    cache : LinearCache
+    ys : tuple of S ndarrays of shape (B, H, T, D)
+    cache : LinearHeadsCache
+
+    Notes
+    -----
+    For each weight w_s and bias b_s:
+
+    (1) y_s = x w_s + b_s          (B, T, C)
+    (2) y_s = split_heads(y_s)     (B, H, T, D)
     """
     check_float("x", x, ndim=3)
-    check_linear_inputs(x, w, b)
-    check_heads(w, groups, heads)
-    out, cache = linear_forward(x, w, b)  # (1) (B, T, S*H*D)
-    bsz, t, c = out.shape
-    heads_view = out.reshape(bsz, t, groups, heads, c // (groups * heads))  # (2)
-    return np.ascontiguousarray(heads_view.transpose(2, 0, 3, 1, 4)), cache
+    check_heads(ws, bs, heads)
+    for i, w in enumerate(ws):
+        check_linear_inputs(x, w, None if bs is None else bs[i])
+    ys = []
+    for i, w in enumerate(ws):
+        y = x @ w  # (1) (B, T, C)
+        if bs is not None:
+            y += bs[i]  # (1)
+        ys.append(split_heads(y, heads))  # (2) (B, H, T, D)
+    # the cache owns what it keeps: the caller may write into x and ws before the backward
+    return tuple(ys), LinearHeadsCache(x.copy(), tuple(w.copy() for w in ws), bs is not None,
+                                       heads)
+
+
+def linear_heads_backward(dys: tuple, cache: LinearHeadsCache):
+    """Gradients of :func:`linear_heads_forward`: returns ``(dx, dws, dbs)``.
+
+    ``dx`` (B, T, C_in) sums the paths through every projection of x; ``dws`` and ``dbs`` are
+    tuples of one gradient per weight and bias (``dbs`` is None without biases).
+    """
+    x, ws, has_bias, heads = cache
+    check_heads_grads(dys, x, ws, heads)
+    bsz, t, c_in = x.shape
+    x2 = x.reshape(-1, c_in)  # (N, C_in), N = B T
+    dx = np.zeros_like(x2)  # (N, C_in)
+    dws, dbs = [], []
+    for w, dy in zip(ws, dys, strict=True):
+        dy2 = merge_heads(dy).reshape(-1, w.shape[1])  # (2) split heads  =>  merge (N, C)
+        # (1) y = x w + b   =>   dx += dy w^T,  dw = x^T dy,  db = sum_N dy
+        dx += dy2 @ w.T
+        dws.append(x2.T @ dy2)
+        dbs.append(dy2.sum(axis=0) if has_bias else None)
+    return dx.reshape(x.shape), tuple(dws), tuple(dbs) if has_bias else None

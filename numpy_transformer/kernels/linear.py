@@ -5,12 +5,17 @@ checks this one against it, float32 and float64):
 
 * ``out, cache = linear_forward(x, w, b=None)``
 * ``dx, dw, db = linear_backward(dout, cache)``
-* ``y, cache = linear_heads_forward(x, w, b, groups, heads)``: attention's stacked q/k/v
-  product, returned by head as (S, B, H, T, D)
+* ``ys, cache = linear_heads_forward(x, ws, bs, heads)``: attention's projections of one
+  source, each returned by head as (B, H, T, D)
+* ``dx, dws, dbs = linear_heads_backward(dys, cache)``
 
-with the very same ``LinearCache``. The heads variant writes each chunk of its output head by
-head while the chunk is in cache. (The feed-forward network with a ReLU has its own kernel,
-``kernels/feedforward.py``, built on the same chunks.)
+``linear_forward`` keeps the very same ``LinearCache``. The heads variant puts the weights of
+one source side by side, ``x [w_1 | .. | w_S]``, so that it makes one product per source, and
+writes each chunk of its output head by head while the chunk is in cache; its backward
+gathers the S gradients of a chunk side by side again and makes one product each for dx and
+dw. Its cache (``HeadsKernelCache``) keeps the weights side by side. (The feed-forward
+network with a ReLU has its own kernel, ``kernels/feedforward.py``, built on the same
+chunks.)
 
 Why a kernel pays: the matrix products of the linear layers are most of a training step, and
 NumPy hands each one to its BLAS, which can use several cores only with its own thread pool.
@@ -37,20 +42,30 @@ the small and the wide benchmark models; ``benchmarks/README.md``).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba
 import numpy as np
 from numba import njit, prange
 
 from .._checks import check_float, check_shaped
 from ..functional import linear as reference
-from ..functional.linear import LinearCache, check_heads, check_linear_inputs
+from ..functional.linear import (
+    LinearCache,
+    LinearHeadsCache,
+    check_heads,
+    check_heads_grads,
+    check_linear_inputs,
+    merge_heads,
+)
 from ..threads import blas_on_calling_thread
 from ._jit import jit_options
 from ._validate import check_cache, check_consistent, check_kernel_float
 from .blas import gemm, gemm_address
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
-__all__ = ['linear_forward', 'linear_backward', 'linear_heads_forward']
+__all__ = ['linear_forward', 'linear_backward', 'linear_heads_forward',
+           'linear_heads_backward']
 
 _MIN_ROWS = 256  # fewer rows: the reference's one BLAS call
 # Chunks of about _CHUNK_ROWS rows or more, at least 2 and at most _MAX_CHUNKS (4 per thread on
@@ -59,6 +74,14 @@ _MIN_ROWS = 256  # fewer rows: the reference's one BLAS call
 _CHUNK_ROWS = 384
 _MAX_CHUNKS = 8
 _JIT = jit_options()
+
+
+class HeadsKernelCache(NamedTuple):
+    x: np.ndarray  # (B, T, C_in) C-contiguous, the forward's own copy
+    w: np.ndarray  # (C_in, S C): the S weights side by side, the forward's own
+    has_bias: bool
+    groups: int  # S
+    heads: int  # H
 
 
 def _use_reference(n: int) -> bool:
@@ -128,6 +151,35 @@ def _backward_kernel(dout, x, w, has_bias, n_chunks, gemm_fn, dx, dw_part, db_pa
                     acc[j] += g[i, j]
 
 
+@njit(parallel=True, **_JIT)
+def _backward_heads_kernel(dys, x, w, has_bias, n_chunks, n_threads, gemm_fn, dx, dw_part,
+                           db_part):  # pragma: no cover - compiled
+    # (2) each chunk's rows of the S gradients side by side in per-thread scratch,
+    # g = [dy_1 | .. | dy_S] (rows, S C), then the backward of (1) y = x [w_1 | .. | w_S] + b.
+    # dys: S arrays (N, C), x: (N, C_in), w: (C_in, S C) -> dx: (N, C_in),
+    # dw_part: (chunks, C_in, S C), db_part: (chunks, S C) float64
+    n, width = x.shape[0], w.shape[1]
+    c = width // len(dys)
+    step = -(-n // n_chunks)
+    scratch = np.empty((n_threads, step * width), x.dtype)  # one chunk's g per thread
+    for k in prange(n_chunks):
+        lo, hi = k * step, min(n, (k + 1) * step)
+        g = scratch[numba.get_thread_id(), :(hi - lo) * width].reshape((hi - lo, width))
+        for s in range(len(dys)):
+            dy = dys[s]
+            for r in range(hi - lo):
+                for j in range(c):
+                    g[r, s * c + j] = dy[lo + r, j]
+        # (1) y = x w + b   =>   dx = g w^T,  dw = x^T g,  db = sum_N g
+        gemm(g, w.T, dx[lo:hi], gemm_fn)
+        gemm(x[lo:hi].T, g, dw_part[k], gemm_fn)
+        if has_bias:
+            acc = db_part[k]
+            for i in range(hi - lo):
+                for j in range(width):
+                    acc[j] += g[i, j]
+
+
 def _check_inputs(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> None:
     """The reference's checks, and dtypes the kernels are compiled for (mixed ones are
     promoted as NumPy would, by ``_operands``)."""
@@ -143,7 +195,9 @@ def _operands(x: np.ndarray, w: np.ndarray, b: np.ndarray | None):
     has_bias = b is not None
     dtype = np.result_type(x, w, *((b,) if has_bias else ()))
     x2 = np.ascontiguousarray(x).reshape(-1, w.shape[0]).astype(dtype, copy=False)
-    w = w.astype(dtype, copy=False)
+    if np.may_share_memory(x2, x):  # the cache keeps x2: it must not be the caller's x
+        x2 = x2.copy()
+    w = np.array(w, dtype=dtype)  # a copy, kept as well
     return x2, w, (b.astype(dtype, copy=False) if has_bias else w[0]), has_bias
 
 
@@ -152,7 +206,7 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
     _check_inputs(x, w, b)
     if _use_reference(x.size // w.shape[0]):
         return reference.linear_forward(x, w, b)
-    x2, w, bias, has_bias = _operands(x, w, b)  # x2: (N, C_in)
+    x2, w, bias, has_bias = _operands(x, w, b)  # x2: (N, C_in), w: copies the cache owns
     out = np.empty((x2.shape[0], w.shape[1]), dtype=w.dtype)  # (N, C_out)
     with blas_on_calling_thread():
         _forward_kernel(x2, w, bias, has_bias, _chunks(x2.shape[0]), gemm_address(w.dtype),
@@ -188,25 +242,63 @@ def linear_backward(dout: np.ndarray, cache: LinearCache):
     return dx, dw_part.sum(axis=0), db
 
 
-def linear_heads_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, groups: int,
-                         heads: int):
-    """Attention's stacked projections; see ``functional.linear.linear_heads_forward``.
+def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int):
+    """Attention's projections by head; see ``functional.linear.linear_heads_forward``.
 
-    Returns the heads as a C-contiguous (S, B, H, T, D) array, written chunk by chunk while
-    the chunk's product is in cache. The attention kernel then reads each head's keys and
-    values as they lie: the copy it made of them from the strided (B, T, S*H*D) product cost
-    0.3 ms per array and layer at the char model's shape. The cache and the backward are
-    ``linear_forward``'s and ``linear_backward``'s.
+    Makes one product of x and the weights side by side, ``x [w_1 | .. | w_S]``, and writes
+    it chunk by chunk, while the chunk's product is in cache, as S C-contiguous (B, H, T, D)
+    arrays. The copy the attention kernel keeps of them is then one contiguous block each: a
+    gather of them from the strided (B, T, S*H*D) product cost 0.3 ms per array and layer at
+    the char model's shape.
     """
     check_float("x", x, ndim=3)
-    _check_inputs(x, w, b)
-    check_heads(w, groups, heads)
-    if _use_reference(x.size // w.shape[0]):
-        return reference.linear_heads_forward(x, w, b, groups, heads)
+    check_heads(ws, bs, heads)
+    for i, w in enumerate(ws):
+        _check_inputs(x, w, None if bs is None else bs[i])
+    if _use_reference(x.size // x.shape[-1]):
+        return reference.linear_heads_forward(x, ws, bs, heads)
     bsz, t, _ = x.shape
+    w = np.concatenate(ws, axis=1)  # (C_in, S C), a new array the cache keeps
+    b = None if bs is None else np.concatenate(bs)  # (S C,)
     x2, w, bias, has_bias = _operands(x, w, b)  # x2: (N, C_in)
-    out = np.empty((groups, bsz, heads, t, w.shape[1] // (groups * heads)), dtype=w.dtype)
+    groups, c = len(ws), ws[0].shape[1]
+    out = np.empty((groups, bsz, heads, t, c // heads), dtype=w.dtype)  # (S, B, H, T, D)
     with blas_on_calling_thread():
         _forward_heads_kernel(x2, w, bias, has_bias, _chunks(x2.shape[0]),
                               numba.get_num_threads(), gemm_address(w.dtype), out)
-    return out, LinearCache(x2.reshape(x.shape), w, has_bias)
+    return tuple(out), HeadsKernelCache(x2.reshape(x.shape), w, has_bias, groups, heads)
+
+
+def linear_heads_backward(dys: tuple, cache):
+    """Returns ``(dx, dws, dbs)``; see ``functional.linear.linear_heads_backward``.
+
+    The S gradients go side by side into one product each for dx and dw (the backward of
+    the forward's one product), chunk by chunk as in ``linear_backward``.
+    """
+    if isinstance(cache, LinearHeadsCache):  # few rows: the reference's forward made it
+        return reference.linear_heads_backward(dys, cache)
+    check_cache(cache, HeadsKernelCache, "linear_heads_forward")
+    x, w, has_bias, groups, heads = cache
+    check_consistent(cache, isinstance(x, np.ndarray) and isinstance(w, np.ndarray)
+                     and x.ndim == 3 and w.ndim == 2 and x.shape[2] == w.shape[0]
+                     and x.flags.c_contiguous and w.dtype == x.dtype
+                     and w.shape[1] % groups == 0)
+    check_kernel_float("cache.x", x)
+    c = w.shape[1] // groups  # each projection's width, H D
+    check_heads_grads(dys, x, tuple(w[:, i * c:(i + 1) * c] for i in range(groups)), heads)
+    x2 = x.reshape(-1, x.shape[2])  # (N, C_in), N = B T
+    n, c_in = x2.shape
+    flat = tuple(np.ascontiguousarray(merge_heads(dy), dtype=x2.dtype).reshape(n, c)
+                 for dy in dys)  # (2) merge heads, free for the attention kernel's (N, C)
+    chunks = _chunks(n)
+    dx = np.empty_like(x2)  # (N, C_in)
+    dw_part = np.empty((chunks, c_in, w.shape[1]), dtype=x2.dtype)
+    db_part = np.zeros((chunks, w.shape[1]))
+    with blas_on_calling_thread():
+        _backward_heads_kernel(flat, x2, w, has_bias, chunks, numba.get_num_threads(),
+                               gemm_address(x2.dtype), dx, dw_part, db_part)
+    dw = dw_part.sum(axis=0)  # (C_in, S C)
+    dws = tuple(dw[:, i * c:(i + 1) * c] for i in range(groups))
+    db = db_part.sum(axis=0).astype(x2.dtype) if has_bias else None
+    dbs = tuple(db[i * c:(i + 1) * c] for i in range(groups)) if has_bias else None
+    return dx.reshape(x.shape), dws, dbs

@@ -1,9 +1,9 @@
 """Multi-head attention, self or cross, with optional RoPE or ALiBi.
 
 The projections and the scaled dot-product core are operations of the module's backend
-(``numpy_transformer.backend``): ``linear_heads_forward``, ``sdpa_forward``,
-``sdpa_backward``, ``linear_forward``, ``linear_backward``. The same forward serves training
-and cached decoding: given a ``KVCache`` (``nn/decoding.py``), the keys and values of the new
+(``numpy_transformer.backend``): ``linear_heads_forward``, ``sdpa_forward``, ``linear_forward``
+and their backwards. The self-attention, the cross-attention and the cached (decoding) paths
+are separate methods; with a ``KVCache`` (``nn/decoding.py``) the keys and values of the new
 positions join those of the earlier ones there, and the queries attend to all of them.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 from .._checks import check_float, check_last_dim, check_positive
 from ..backend import get_backend
 from ..config import DEFAULT_BACKEND
-from ..functional.linear import LinearCache
+from ..functional.linear import merge_heads, split_heads
 from ..functional.positional import alibi_bias, rope_backward, rope_forward, rope_tables
 from .module import Module
 
@@ -24,31 +24,12 @@ if TYPE_CHECKING:
     from ..backend import Backend
     from .decoding import KVCache
 
-
-def split_heads(x: np.ndarray, heads: int) -> np.ndarray:
-    """(B, T, C) -> (B, H, T, D) with D = C / H: head h owns features h*D .. (h+1)*D - 1."""
-    b, t, c = x.shape
-    return x.reshape(b, t, heads, c // heads).transpose(0, 2, 1, 3)
-
-
-def merge_heads(x: np.ndarray) -> np.ndarray:
-    """(B, H, T, D) -> (B, T, H*D): the inverse of :func:`split_heads` (and its backward)."""
-    b, h, t, d = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(b, t, h * d)
-
-
 class AttentionCache(NamedTuple):
-    projections: tuple  # LinearCache of each stacked projection (1), see _groups
-    sdpa: object  # the backend's own cache
-    out: LinearCache  # output projection of the merged heads (B, T_q, C)
+    projections: tuple  # the backend's caches of (1)-(2): one per source, (x,) or (x, context)
+    sdpa: object  # the backend's cache of (4)
+    out: object  # the backend's cache of (6), the output projection
     cross: bool  # keys and values came from a context
-    t_q: int
-    t_k: int
-
-
-def _groups(cross: bool) -> tuple[str, ...]:
-    """The projections of (1) done as one product each; sources: x, or x and the context."""
-    return ("q", "kv") if cross else ("qkv",)
+    t_q: int  # T_q, for the rows of the RoPE tables
 
 
 class MultiHeadAttention(Module):
@@ -86,21 +67,21 @@ class MultiHeadAttention(Module):
 
     Notes
     -----
-    With ``src = x`` (self-attention) or ``src = context`` (cross-attention):
+    With ``src = x`` (self-attention) or ``src = context`` (cross-attention); without
+    ``bias``, here and in (6), no b is added:
 
-    (1) q = x wq + bq,  k = src wk + bk,  v = src wv + bv          (B, T, C)
-        (without ``bias``, here and in (6), no b is added)
-        computed as one product per source with the weights side by side: x [wq | wk | wv]
-        (C, 3C) in self-attention, x wq and context [wk | wv] in cross-attention
-    (2) split into heads                                           (B, H, T, D)
-        (1) and (2) are one call, ``linear_heads_forward``: the product copied head by head
-        in NumPy, written head by head in the numba kernel
-    (3) q, k = rope(q), rope(k)                                    (if rope)
+    (1) q = x wq + bq,  k = src wk + bk,  v = src wv + bv               (B, T, C)
+    (2) q, k, v = split_heads(q), split_heads(k), split_heads(v)        (B, H, T, D)
+    (3) q, k = rope(q), rope(k)                                         (if rope)
         at the positions start .. start + T - 1, start = 0 unless decoding with a cache
-    (4) o = softmax(q k^T / sqrt(D) + alibi, masked) v             (B, H, T_q, D)
+    (4) o = softmax(q k^T / sqrt(D) + alibi, masked) v                  (B, H, T_q, D)
         with a ``kv_cache`` (decoding), k and v are those of every position so far
-    (5) merge heads                                                (B, T_q, C)
-    (6) out = o wo + bo                                            (B, T_q, C)
+    (5) o = merge_heads(o)                                              (B, T_q, C)
+    (6) out = o wo + bo                                                 (B, T_q, C)
+
+    (1) and (2) are one backend operation per source, ``linear_heads_forward``: the NumPy
+    reference writes each projection out; the numba kernel makes one product of the source
+    and its weights side by side and writes it head by head.
 
     References
     ----------
@@ -153,11 +134,6 @@ class MultiHeadAttention(Module):
             raise ValueError("rope and alibi encode positions within one sequence; they are "
                              "undefined for cross-attention (pass context=None)")
 
-    def _rope_rows(self, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-        """The RoPE tables' rows of the positions start .. start + length - 1, (length, D/2)."""
-        return (self.buffers["rope_cos"][start:start + length],
-                self.buffers["rope_sin"][start:start + length])
-
     def forward(self, x: np.ndarray, context: np.ndarray | None = None,
                 mask: np.ndarray | None = None, kv_cache: KVCache | None = None) -> np.ndarray:
         """Self-attention (``context=None``) or cross-attention to ``context``.
@@ -183,34 +159,81 @@ class MultiHeadAttention(Module):
         out : ndarray of shape (B, T_q, C)
         """
         self._check_inputs(x, context)
-        p = self.params
-        cross = context is not None
-        kept = cross and kv_cache is not None and kv_cache.length > 0  # the context's k, v
-        sources = (x,) if context is None else (x, context)
-        heads, caches = {}, []
-        for names, source in zip(("q",) if kept else _groups(cross), sources, strict=False):
-            w = np.concatenate([p["w" + n] for n in names], axis=1)  # (C, len(names) C)
-            b = np.concatenate([p["b" + n] for n in names]) if self.bias else None
-            # (1) and (2): y[i] holds the heads of names[i], (B, H, T, D)
-            y, y_cache = self.ops.linear_heads_forward(source, w, b, len(names), self.heads)
-            caches.append(y_cache)
-            heads.update(zip(names, y, strict=True))
-        q, k, v = heads["q"], heads.get("k"), heads.get("v")
-        if self.rope:  # (3) self-attention: position p of q and of k is the same p
-            cos, sin = self._rope_rows(0 if kv_cache is None else kv_cache.length, q.shape[2])
+        if kv_cache is not None:
+            self.cache = None  # decoding keeps nothing for a backward
+            return self._forward_cached(x, context, mask, kv_cache)
+        if context is None:
+            return self._forward_self(x, mask)
+        return self._forward_cross(x, context, mask)
+
+    def _forward_self(self, x: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        """Equations (1)-(6) with src = x, keeping the cache for :meth:`_backward_self`."""
+        # (1), (2): q, k, v (B, H, T, D), one operation for the one source
+        (q, k, v), projection = self.ops.linear_heads_forward(x, *self._projections("qkv"),
+                                                              self.heads)
+        if self.rope:  # (3) position p of q and of k is the same p
+            cos, sin = self._rope_rows(0, q.shape[2])  # (T, D/2)
             q, k = rope_forward(q, cos, sin), rope_forward(k, cos, sin)
-        if kv_cache is not None:  # every position so far: (B, H, T_k, D)
-            k, v = kv_cache.kept() if kept else kv_cache.append(k, v)
-        t_q, t_k = q.shape[2], k.shape[2]
-        bias = alibi_bias(self.heads, t_q, t_k, dtype=x.dtype) if self.alibi else None
-        o, sdpa_cache = self.ops.sdpa_forward(q, k, v, mask=mask, bias=bias)  # (4)
+        o, sdpa = self._attend(q, k, v, mask, x.dtype)  # (4) (B, H, T, D)
+        o = merge_heads(o)  # (5) (B, T, C)
+        out, out_cache = self.ops.linear_forward(o, self.params["wo"], self.params.get("bo"))  # (6)
+        self.cache = AttentionCache((projection,), sdpa, out_cache, False, q.shape[2])
+        return out
+
+    def _forward_cross(self, x: np.ndarray, context: np.ndarray,
+                       mask: np.ndarray | None) -> np.ndarray:
+        """Equations (1), (2), (4)-(6) with src = context, for :meth:`_backward_cross`."""
+        # (1), (2): q (B, H, T_q, D) from x; k, v (B, H, T_k, D) from the context
+        (q,), q_cache = self.ops.linear_heads_forward(x, *self._projections("q"), self.heads)
+        (k, v), context_cache = self.ops.linear_heads_forward(context, *self._projections("kv"),
+                                                              self.heads)
+        o, sdpa = self._attend(q, k, v, mask, x.dtype)  # (4) (B, H, T_q, D)
+        o = merge_heads(o)  # (5) (B, T_q, C)
+        out, out_cache = self.ops.linear_forward(o, self.params["wo"], self.params.get("bo"))  # (6)
+        self.cache = AttentionCache((q_cache, context_cache), sdpa, out_cache, True, q.shape[2])
+        return out
+
+    def _forward_cached(self, x: np.ndarray, context: np.ndarray | None,
+                        mask: np.ndarray | None, kv_cache: KVCache) -> np.ndarray:
+        """Equations (1)-(6) for decoding: k and v of every position so far, from the cache."""
+        if context is None:  # self-attention: the new positions' k and v join the cache
+            (q, k, v), _ = self.ops.linear_heads_forward(x, *self._projections("qkv"),
+                                                         self.heads)  # (1), (2)
+            if self.rope:  # (3) at the positions after the cached ones
+                cos, sin = self._rope_rows(kv_cache.length, q.shape[2])
+                q, k = rope_forward(q, cos, sin), rope_forward(k, cos, sin)
+            k, v = kv_cache.append(k, v)  # (B, H, T_k, D), T_k = every position so far
+        else:  # cross-attention: the context's k and v, computed on the first call only
+            (q,), _ = self.ops.linear_heads_forward(x, *self._projections("q"),
+                                                    self.heads)  # (1), (2)
+            if kv_cache.length > 0:
+                k, v = kv_cache.kept()
+            else:
+                (k, v), _ = self.ops.linear_heads_forward(context, *self._projections("kv"),
+                                                          self.heads)  # (1), (2)
+                k, v = kv_cache.append(k, v)
+        o, _ = self._attend(q, k, v, mask, x.dtype)  # (4) (B, H, T_q, D)
+        o = merge_heads(o)  # (5) (B, T_q, C)
+        return self.ops.linear_forward(o, self.params["wo"], self.params.get("bo"))[0]  # (6)
+
+    def _projections(self, names: str) -> tuple[tuple, tuple | None]:
+        """The weights and biases (or None) of (1) for the projections ``names``, e.g. "qkv"."""
+        ws = tuple(self.params["w" + n] for n in names)  # (C, C) each
+        return ws, tuple(self.params["b" + n] for n in names) if self.bias else None
+
+    def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+                dtype) -> tuple[np.ndarray, object]:
+        """(4) the attention core with the ALiBi bias if asked; keeps the weights if asked."""
+        bias = alibi_bias(self.heads, q.shape[2], k.shape[2], dtype=dtype) if self.alibi else None
+        o, cache = self.ops.sdpa_forward(q, k, v, mask=mask, bias=bias)  # (4) (B, H, T_q, D)
         if self.keep_weights:
             self.weights = self.ops.attention_weights(q, k, mask=mask, bias=bias)
-        out, out_cache = self.ops.linear_forward(merge_heads(o), p["wo"],
-                                                 p.get("bo"))  # (5), (6)
-        self.cache = None if kv_cache is not None else AttentionCache(
-            tuple(caches), sdpa_cache, out_cache, cross, t_q, t_k)
-        return out
+        return o, cache
+
+    def _rope_rows(self, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """The RoPE tables' rows of the positions start .. start + length - 1, (length, D/2)."""
+        return (self.buffers["rope_cos"][start:start + length],
+                self.buffers["rope_sin"][start:start + length])
 
     def backward(self, dout: np.ndarray):
         """Gradients of the last forward; adds into every ``grads`` entry.
@@ -222,42 +245,48 @@ class MultiHeadAttention(Module):
         (dx, dcontext) : tuple, for cross-attention
             ``dcontext`` (B, T_k, C) sums the paths through k and v.
         """
-        c = self.cache
-        if c is None:
+        if self.cache is None:
             raise ValueError("MultiHeadAttention.backward needs a forward first (a forward "
                              "with a kv_cache keeps nothing for a backward)")
-        # (6) out = o wo + bo
-        do, dwo, dbo = self.ops.linear_backward(dout, c.out)
+        return self._backward_cross(dout) if self.cache.cross else self._backward_self(dout)
+
+    def _backward_self(self, dout: np.ndarray) -> np.ndarray:
+        """The backward of :meth:`_forward_self`, equations (6) down to (1)."""
+        c = self.cache
+        do = self._output_backward(dout)  # (6), (5) (B, H, T, D)
+        dq, dk, dv = self.ops.sdpa_backward(do, c.sdpa)  # (4) (B, H, T, D) each
+        if self.rope:  # (3) rotation  =>  the inverse rotation
+            cos, sin = self._rope_rows(0, c.t_q)
+            dq, dk = rope_backward(dq, cos, sin), rope_backward(dk, cos, sin)
+        # (2), (1): x fed q, k and v, so dx sums the three paths (B, T, C)
+        dx, dws, dbs = self.ops.linear_heads_backward((dq, dk, dv), c.projections[0])
+        self._add_projection_grads("qkv", dws, dbs)
+        return dx
+
+    def _backward_cross(self, dout: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The backward of :meth:`_forward_cross`, equations (6) down to (1)."""
+        c = self.cache
+        do = self._output_backward(dout)  # (6), (5) (B, H, T_q, D)
+        dq, dk, dv = self.ops.sdpa_backward(do, c.sdpa)  # (4)
+        # (2), (1): x fed q; the context fed k and v, so dcontext sums two paths
+        dx, dws, dbs = self.ops.linear_heads_backward((dq,), c.projections[0])  # (B, T_q, C)
+        self._add_projection_grads("q", dws, dbs)
+        dcontext, dws, dbs = self.ops.linear_heads_backward((dk, dv), c.projections[1])
+        self._add_projection_grads("kv", dws, dbs)  # dcontext: (B, T_k, C)
+        return dx, dcontext
+
+    def _output_backward(self, dout: np.ndarray) -> np.ndarray:
+        """(6) out = o wo + bo and (5) o = merge_heads(o), backwards: do (B, H, T_q, D)."""
+        # (6) out = o wo + bo   =>   do = dout wo^T,  dwo = o^T dout,  dbo = sum dout
+        do, dwo, dbo = self.ops.linear_backward(dout, self.cache.out)  # (B, T_q, C)
         self.grads["wo"] += dwo
         if self.bias:
             self.grads["bo"] += dbo
-        # (5) merge heads  =>  split the gradient the same way
-        do = split_heads(do, self.heads)  # (B, H, T_q, D)
-        # (2) split heads  =>  merge the gradients: dq, dk, dv go side by side into one buffer
-        # per stacked product of (1), (B, T, n, H, D); slots[name] is its (B, H, T, D) view
-        b, d = do.shape[0], self.head_width
-        dys, slots = [], {}
-        for names, t in zip(_groups(c.cross), (c.t_q, c.t_k), strict=False):
-            dy = np.empty((b, t, len(names), self.heads, d), dtype=do.dtype)
-            dys.append(dy)
-            slots.update((n, dy[:, :, i].transpose(0, 2, 1, 3)) for i, n in enumerate(names))
-        slots = (slots["q"], slots["k"], slots["v"])
-        if not self.rope:  # (4) attention core, written straight into the slots
-            self.ops.sdpa_backward(do, c.sdpa, out=slots)
-        else:  # (4) attention core, then (3) rotation  =>  inverse rotation
-            dq, dk, dv = self.ops.sdpa_backward(do, c.sdpa)
-            cos, sin = self._rope_rows(0, c.t_q)
-            for slot, grad in zip(slots, (rope_backward(dq, cos, sin),
-                                          rope_backward(dk, cos, sin), dv), strict=True):
-                slot[...] = grad
-        dsources = []
-        for names, dy, y_cache in zip(_groups(c.cross), dys, c.projections, strict=True):
-            # (1) y = source [w_1 | .. | w_n] + [b_1 | .. | b_n]
-            dsource, dw, db = self.ops.linear_backward(dy.reshape(b, dy.shape[1], -1), y_cache)
-            for i, n in enumerate(names):
-                self.grads["w" + n] += dw[:, i * self.width:(i + 1) * self.width]
-                if self.bias:
-                    self.grads["b" + n] += db[i * self.width:(i + 1) * self.width]
-            dsources.append(dsource)
-        # self-attention: x fed q, k and v, and the stacked product already summed the paths
-        return tuple(dsources) if c.cross else dsources[0]
+        return split_heads(do, self.heads)  # (5) merge heads  =>  split the gradient
+
+    def _add_projection_grads(self, names: str, dws: tuple, dbs: tuple | None) -> None:
+        """Add the gradients of (1) into ``grads``: dw, db of each projection of ``names``."""
+        for i, n in enumerate(names):
+            self.grads["w" + n] += dws[i]
+            if self.bias:
+                self.grads["b" + n] += dbs[i]
