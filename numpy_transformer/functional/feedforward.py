@@ -109,7 +109,7 @@ def feed_forward_backward(dout: np.ndarray, cache: FeedForwardCache):
 def compose_forward(x: np.ndarray, weights: Weights, activation: str, linear: Callable,
                     pair: tuple[Callable, Callable]):
     """(1)-(3) of :func:`feed_forward_forward` made of the given pieces: ``linear(x, w, b)``
-    and the activation's ``(forward, backward)`` (the numba backend gives its kernels)."""
+    and the activation's ``(forward, backward)`` (a faster backend gives its own)."""
     act_forward, _ = pair
     x = x.copy()  # the cache keeps x and the matrices: the caller may write into its own
     own = {name: (w.copy(), b) for name, (w, b) in weights.items()}
