@@ -7,11 +7,12 @@ Usage (from the repository root)::
     python benchmarks/profile_train_step.py --cprofile       # also the top of cProfile
 
 Every operation of the two backends (``numpy_transformer.backend``) is wrapped in a timer
-(``time.perf_counter``) and counted under its component: the linear layers (all of them:
-attention projections, FFN, head; a ReLU FFN is one operation, counted here whole), the
-attention core, the head split/merge copies, the norms, the activation, the embedding and
-positions, the residual additions, the loss, clipping and Adam. "rest" is the step's time minus
-all of these: zeroing the gradients, Python. The wrappers add a few microseconds per call.
+(``time.perf_counter``) and counted under its component: the linear layers (attention
+projections, head), the attention core, the head split/merge copies, the norms, the
+feed-forward network (one operation, ``feed_forward_forward``, counted whole: its linear
+maps and activation), the embedding and positions, the loss, clipping and Adam. "rest" is the
+step's time minus all of these: the residual additions (``x + sub`` in the blocks), zeroing
+the gradients, Python. The wrappers add a few microseconds per call.
 Both backends are timed in this one process, alternating step by step, so a change in load
 hits both alike.
 """
@@ -41,10 +42,9 @@ from numpy_transformer.nn import attention as nn_attention  # noqa: E402
 
 TOTALS: dict[str, float] = defaultdict(float)
 COMPONENTS = {  # the first prefix an operation's name starts with names its component
-    "linear": "linear", "relu_ffn": "linear", "sdpa": "attention core",
+    "linear": "linear", "sdpa": "attention core", "feed_forward": "feed-forward network",
     "layer_norm": "norm", "rms_norm": "norm", "embedding": "embedding + positions",
-    "relu": "activation", "gelu": "activation", "swiglu": "activation",
-    "add_into": "residual", "cross_entropy": "cross-entropy",
+    "cross_entropy": "cross-entropy",
 }
 
 
@@ -106,8 +106,8 @@ def main() -> None:
             TOTALS["step"] = time.perf_counter() - start
             for k, v in TOTALS.items():
                 totals[backend][k] += v / args.steps
-    names = ["linear", "attention core", "split/merge heads", "norm", "activation",
-             "embedding + positions", "residual", "cross-entropy", "clip", "adam"]
+    names = ["linear", "attention core", "split/merge heads", "norm", "feed-forward network",
+             "embedding + positions", "cross-entropy", "clip", "adam"]
     print(f"config {args.config}, {args.threads} Numba thread(s), BLAS 1, mean ms per step "
           f"over {args.steps} steps, load average {os.getloadavg()[0]:.1f}")
     print("\n| component | numpy backend (ms) | numba backend (ms) |\n|---|---:|---:|")

@@ -7,8 +7,8 @@ takes it once, when it is built (a model from its config), and calls the operati
 it; nothing else in the library chooses an implementation.
 
 * ``"numpy"``: every operation is the readable reference of ``numpy_transformer/functional``
-  (every name of its files' ``__all__``), including the compositions of ``functional/fused.py``
-  that the kernels fuse. Nothing here imports Numba.
+  (every name of its files' ``__all__``), the compositions the kernels fuse included
+  (``feed_forward_forward``, ``embeddings_forward``). Nothing here imports Numba.
 * ``"numba"``: the same namespace, with the operations that ``numpy_transformer/kernels``
   implements (the ``__all__`` of each module of ``config.KERNEL_MODULES``) in place of their
   references. A kernel has its reference's name and signature and returns what it returns;

@@ -34,7 +34,7 @@ BACKENDS = ("numpy", "numba")  # numpy_transformer.backend builds each one's ope
 # references (kernels under their references' names); every other file of that folder is a
 # helper the kernels compile into themselves (``kernels/_jit.py``)
 KERNEL_MODULES = ("activations", "adam", "attention", "embedding", "feedforward", "linear",
-                  "lstm", "norms", "residual", "softmax")
+                  "lstm", "norms", "softmax")
 EXPORT_FORMATS = ("safetensors", "hf")  # what numpy_transformer.export writes: PyTorch, HF
 # the training-step benchmarks' configurations (numpy_transformer/bench/train_step.py)
 BENCH_CONFIGS = ("chapter", "small", "wide", "long", "lstm")

@@ -27,6 +27,7 @@ from _aliasing_helpers import ModuleCase, PairCase, module_difference, pair_diff
 from numpy_transformer import nn
 from numpy_transformer.backend import get_backend
 from numpy_transformer.config import ACTIVATIONS, BACKENDS, DTYPES
+from numpy_transformer.functional.feedforward import feed_forward_weight_names
 from numpy_transformer.functional.masks import causal_mask
 from numpy_transformer.functional.positional import alibi_bias, rope_tables
 
@@ -92,8 +93,26 @@ def _sdpa(rng, dtype):
                                     bias=alibi_bias(2, 5, 6, dtype=dtype)))
 
 
-# linear, linear_heads and relu_ffn with 256 rows: the numba kernels' own path, not the
-# reference's
+def _feed_forward(activation: str) -> Callable[[np.random.Generator, np.dtype], PairCase]:
+    """The network with ``activation`` and biases, 256 rows (the one-pass kernel's own path
+    for ReLU); the weights are the caller's too, overwritten alike."""
+    def build(rng, dtype):
+        weights = {name: (_normal(rng, dtype, *((8, 4) if name == "down" else (4, 8))),
+                          _normal(rng, dtype, 4 if name == "down" else 8))
+                   for name in feed_forward_weight_names(activation)}
+        return PairCase([_normal(rng, dtype, 2, 128, 4), weights, activation],
+                        call=_dx_and_grads)
+    return build
+
+
+def _dx_and_grads(backward, douts, cache) -> tuple:
+    """The backward's ``(dx, {name: (dw, db)})`` as one flat tuple, names in order."""
+    dx, grads = backward(*douts, cache)
+    return (dx, *(grads[name] for name in sorted(grads)))
+
+
+# linear, linear_heads and feed_forward with 256 rows: the numba kernels' own path, not their reference's
+# (the feed-forward network with every other activation: its own test below)
 PAIR_CASES: dict[str, Callable[[np.random.Generator, np.dtype], PairCase]] = {
     "relu": _one_input, "gelu": _one_input, "gelu_tanh": _one_input, "silu": _one_input,
     "softmax": _one_input,
@@ -115,18 +134,9 @@ PAIR_CASES: dict[str, Callable[[np.random.Generator, np.dtype], PairCase]] = {
     "linear": lambda rng, dtype: PairCase([_normal(rng, dtype, 2, 128, 4),
                                            _normal(rng, dtype, 4, 6), _normal(rng, dtype, 6)]),
     "linear_heads": _linear_heads,
-    "relu_ffn": lambda rng, dtype: PairCase([_normal(rng, dtype, 2, 128, 4)] + [
-        _normal(rng, dtype, *s) for s in ((4, 8), (8,), (8, 4), (4,))]),
     "sdpa": _sdpa,
+    "feed_forward": _feed_forward("relu"),
 }
-
-# (backend, pair) -> where the cache aliases: files other helpers own, fixed on their
-# branches. Strict: each must fail until that branch merges, then its entry goes.
-PAIR_XFAIL: dict[tuple[str, str], str] = {
-    ("numpy", "relu_ffn"): "functional/fused.py, fixed on h-ffn",
-    ("numba", "relu_ffn"): "kernels/feedforward.py, fixed on h-ffn",
-}
-
 
 def functional_pairs(backend: str) -> list[str]:
     """Every ``<name>`` whose ``<name>_forward`` and ``<name>_backward`` the backend has."""
@@ -135,16 +145,9 @@ def functional_pairs(backend: str) -> list[str]:
                   and name.removesuffix("_forward") + "_backward" in ops)
 
 
-def _xfail(reason: str | None) -> tuple:
-    if reason is None:
-        return ()
-    return (pytest.mark.xfail(strict=True, reason=f"aliasing in {reason}"),)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("backend, pair", [
-    pytest.param(backend, pair, marks=_xfail(PAIR_XFAIL.get((backend, pair))))
-    for backend in BACKENDS for pair in functional_pairs(backend)])
+    (backend, pair) for backend in BACKENDS for pair in functional_pairs(backend)])
 def test_a_pairs_backward_ignores_writes_into_the_callers_arrays(backend, pair, dtype):
     if pair not in PAIR_CASES:
         pytest.fail(f"no case for pair {pair}: add one to PAIR_CASES")
@@ -152,6 +155,17 @@ def test_a_pairs_backward_ignores_writes_into_the_callers_arrays(backend, pair, 
     moved = pair_difference(getattr(ops, f"{pair}_forward"), getattr(ops, f"{pair}_backward"),
                             PAIR_CASES[pair], dtype)
     assert not moved, f"{backend} {pair}: the backward's {moved} changed"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_the_feed_forward_network_ignores_writes_with_every_activation(activation, backend,
+                                                                       dtype):
+    ops = get_backend(backend)
+    moved = pair_difference(ops.feed_forward_forward, ops.feed_forward_backward,
+                            _feed_forward(activation), dtype)
+    assert not moved, f"{backend} feed_forward({activation}): the backward's {moved} changed"
 
 
 def test_every_pair_case_names_a_pair():
@@ -253,17 +267,9 @@ MODULE_CASES: dict[str, Callable[[np.random.Generator, np.dtype, str], ModuleCas
     "LSTMLM(state)": lambda rng, dtype, backend: _lstm_lm(rng, dtype, backend, state=True),
 }
 
-# As PAIR_XFAIL, for the modules.
-MODULE_XFAIL: dict[tuple[str, str], str] = {
-    **{(backend, "FeedForward(relu)"): "functional/fused.py (relu_ffn_forward), fixed on h-ffn"
-       for backend in BACKENDS},
-}
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("backend, name", [
-    pytest.param(backend, name, marks=_xfail(MODULE_XFAIL.get((backend, name))))
-    for backend in BACKENDS for name in MODULE_CASES])
+    (backend, name) for backend in BACKENDS for name in MODULE_CASES])
 def test_a_modules_backward_ignores_writes_into_what_its_caller_holds(backend, name, dtype):
     moved = module_difference(MODULE_CASES[name], dtype, backend)
     assert not moved, f"{backend} {name}: {moved} changed"

@@ -122,7 +122,7 @@ MODULES: dict[str, tuple[Callable, Callable]] = {
     "LSTMLM": (lambda be: nn.LSTMLM(LSTMConfig(vocab=V, hidden=6, max_len=8, embed=5,
                                                backend=be)), lambda m: m(tokens())),
 }
-# the relu FFN is one fused operation with its own backward: check it too
+# the relu FFN is one pass on the numba backend, with its own checks: check it too
 MODULES["FeedForward(relu)"] = (lambda be: nn.FeedForward(C, 16, "relu", backend=be),
                                 MODULES["FeedForward"][1])
 MODULES["FeedForward(swiglu)"] = (lambda be: nn.FeedForward(C, 16, "swiglu", backend=be),
@@ -164,19 +164,6 @@ def test_backward_refuses_a_misshapen_gradient(name, backend):
     module.backward(arr(*out.shape, seed=3))  # the control: a right gradient runs
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("norm", [nn.LayerNorm, nn.RMSNorm])
-def test_norm_backward_residual_checks_as_backward(norm, backend):
-    module = norm(C, backend=backend)
-    with pytest.raises(ValueError, match="needs a forward first"):
-        module.backward_residual(arr(B, T, C), arr(B, T, C))
-    module(arr(B, T, C))
-    with pytest.raises(ValueError, match="dout must have shape"):
-        module.backward_residual(arr(1, T, C), arr(B, T, C))
-    with pytest.raises(ValueError, match="dres must have shape"):
-        module.backward_residual(arr(B, T, C), arr(1, T, C))
-
-
 def test_positions_added_by_the_embeddings_take_any_batch():
     """Embeddings add the position rows themselves (``addend``): the backward then takes
     (B, T, C) for any B, but still refuses another T or C."""
@@ -211,19 +198,14 @@ def _ops_cases(ops):
         "layer_norm_backward": (lambda: ops.layer_norm_forward(x, w, b),
                                 ops.layer_norm_backward),
         "rms_norm_backward": (lambda: ops.rms_norm_forward(x, w), ops.rms_norm_backward),
-        "layer_norm_backward_residual": (
-            lambda: ops.layer_norm_forward(x, w, b),
-            lambda d, c: ops.layer_norm_backward_residual(d, c, arr(B, T, C, seed=4))),
-        "rms_norm_backward_residual": (
-            lambda: ops.rms_norm_forward(x, w),
-            lambda d, c: ops.rms_norm_backward_residual(d, c, arr(B, T, C, seed=4))),
         "sdpa_backward": (lambda: ops.sdpa_forward(q, k, k), ops.sdpa_backward),
         "embedding_backward": (lambda: ops.embedding_forward(ids, arr(V, C)),
                                ops.embedding_backward),
         "embeddings_backward": (lambda: ops.embeddings_forward(ids, arr(V, C), 2.0),
                                 lambda d, c: ops.embeddings_backward(d, c, 2.0)),
-        "relu_ffn_backward": (lambda: ops.relu_ffn_forward(x, arr(C, 16), arr(16), arr(16, C),
-                                                           arr(C)), ops.relu_ffn_backward),
+        "feed_forward_backward": (lambda: ops.feed_forward_forward(
+            x, {"up": (arr(C, 16), arr(16)), "down": (arr(16, C), arr(C))}, "relu"),
+            ops.feed_forward_backward),
         "softmax_backward": (lambda: ops.softmax_forward(x), ops.softmax_backward),
         "swiglu_backward": (lambda: ops.swiglu_forward(x, arr(B, T, C, seed=5)),
                             ops.swiglu_backward),

@@ -81,16 +81,16 @@ def test_a_second_process_loads_every_kernel_from_the_cache():
 
 
 # Calls two kernels: the cross-entropy's (which compiles special.py's exp into itself) and the
-# residual addition's (which uses nothing from another file); prints what it compiled
+# ReLU's (which uses nothing from another file); prints what it compiled
 TWO_KERNELS = COUNTING_COMPILES + r"""
 import numpy as np
 import numpy_transformer
-from numpy_transformer.kernels.residual import add_into
+from numpy_transformer.kernels.activations import relu_forward
 from numpy_transformer.kernels.softmax import cross_entropy_forward
 
 rng = np.random.default_rng(0)
 cross_entropy_forward(rng.standard_normal((4, 7)).astype(np.float32), rng.integers(0, 7, 4))
-add_into(np.ones(5, np.float32), np.ones(5, np.float32))
+relu_forward(np.ones(5, np.float32))
 print(json.dumps([numpy_transformer.__file__, compiled]))
 """
 
@@ -115,10 +115,10 @@ def test_editing_a_file_compiled_into_kernels_recompiles_them(tmp_path):
             f.write("\n# edited by the test\n")
 
     cross_entropy = "numpy_transformer.kernels.softmax._cross_entropy_forward_kernel"
-    residual = "numpy_transformer.kernels.residual._add_into_kernel"
-    assert {cross_entropy, residual} <= compiled()  # an empty cache
+    relu = "numpy_transformer.kernels.activations._relu_forward_kernel"
+    assert {cross_entropy, relu} <= compiled()  # an empty cache
     assert compiled() == set()
     edit("special.py")  # compiled into the cross-entropy kernel: it recompiles
     assert cross_entropy in compiled()
-    edit("residual.py")  # a kernel's own file: that kernel alone
-    assert compiled() == {residual}
+    edit("activations.py")  # a kernel's own file: that kernel alone
+    assert compiled() == {relu}

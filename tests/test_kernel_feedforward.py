@@ -1,11 +1,11 @@
-"""``kernels/feedforward.py`` (the ReLU network as one kernel over chunks of rows) and its
-reference composition in ``functional/fused.py`` against the readable pieces they stand for:
-``functional`` linear, ReLU, linear.
+"""``kernels/feedforward.py`` (the ReLU network as one kernel over chunks of rows, the numba
+pieces composed for every other activation) and its reference ``functional/feedforward.py``
+against the readable pieces they stand for: ``functional`` linear, activation, linear.
 
-The kernel runs only on two threads or more and with at least ``_MIN_ROWS`` rows (otherwise
-the reference composition runs, also tested here). Float64 to 1e-12 and float32 to 1e-5,
-relative to the largest entry; the ReLU's exact zeros must fall on the same entries; random
-upstream gradients; a gradcheck of the module on the kernel and a negative control.
+The one-pass kernel runs only with at least ``_MIN_ROWS`` rows (otherwise the reference
+runs, also tested here). Float64 to 1e-12 and float32 to 1e-5, relative to the largest entry;
+the ReLU's exact zeros must fall on the same entries; random upstream gradients; a gradcheck
+of the module on the kernel and a negative control.
 """
 
 from __future__ import annotations
@@ -15,57 +15,120 @@ import pytest
 from _kernel_helpers import TOL, rel_err
 from _nn_helpers import assert_gradcheck
 
-from numpy_transformer.functional import fused as ref_fused
+from numpy_transformer import config
+from numpy_transformer.functional import activations as ref_act
+from numpy_transformer.functional import feedforward as ref_ffn
 from numpy_transformer.functional import linear as ref
-from numpy_transformer.functional.activations import relu_backward, relu_forward
 from numpy_transformer.gradcheck import check_module
-from numpy_transformer.kernels import feedforward as fused
+from numpy_transformer.kernels import feedforward as fast_ffn
 from numpy_transformer.nn import FeedForward
 
 
-def _problem(shape, f, dtype, seed=0):
+def _problem(shape, f, dtype, activation="relu", bias=True, seed=0):
+    """x, weights {name: (w, b)} and a random upstream gradient g."""
     rng = np.random.default_rng(seed)
     c = shape[-1]
-    x, g = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
-    w1, w2 = rng.standard_normal((c, f)).astype(dtype), rng.standard_normal((f, c)).astype(dtype)
-    b1, b2 = rng.standard_normal(f).astype(dtype), rng.standard_normal(c).astype(dtype)
-    return x, w1, b1, w2, b2, g
+
+    def normal(*s):
+        return rng.standard_normal(s).astype(dtype)
+
+    x, g = normal(*shape), normal(*shape)
+    weights = {name: (normal(f, c) if name == "down" else normal(c, f),
+                      (normal(c) if name == "down" else normal(f)) if bias else None)
+               for name in ref_ffn.feed_forward_weight_names(activation)}
+    return x, weights, g
 
 
-@pytest.mark.parametrize("module", [fused, ref_fused], ids=["kernel", "composition"])
+def _pieces(x, weights, activation, g):
+    """out and (dx, grads) by the functional pieces, one by one."""
+    act_forward = getattr(ref_act, f"{activation}_forward")
+    act_backward = getattr(ref_act, f"{activation}_backward")
+    h, up = ref.linear_forward(x, *weights["up"])
+    if activation in config.GATED_ACTIVATIONS:
+        gl, gate = ref.linear_forward(x, *weights["gate"])
+        a, act = act_forward(gl, h)
+    else:
+        a, act = act_forward(h)
+    out, down = ref.linear_forward(a, *weights["down"])
+    da, *grads_down = ref.linear_backward(g, down)
+    grads = {"down": grads_down}
+    if activation in config.GATED_ACTIVATIONS:
+        dg, du = act_backward(da, act)
+        dx_g, *grads["gate"] = ref.linear_backward(dg, gate)
+        dx_u, *grads["up"] = ref.linear_backward(du, up)
+        return out, dx_g + dx_u, grads
+    dx, *grads["up"] = ref.linear_backward(act_backward(da, act), up)
+    return out, dx, grads
+
+
+def _compare(got, want, dtype):
+    (out, dx, grads), (out_r, dx_r, grads_r) = got, want
+    for name, a, b in (("out", out, out_r), ("dx", dx, dx_r)):
+        assert a.dtype == dtype and a.shape == b.shape, name
+        assert rel_err(a, b) <= TOL[dtype], name
+    assert set(grads) == set(grads_r)
+    for name, (dw, db) in grads.items():
+        assert rel_err(dw, grads_r[name][0]) <= TOL[dtype], f"{name} dw"
+        assert (db is None) == (grads_r[name][1] is None), f"{name} db"
+        if db is not None:
+            assert db.dtype == dtype and rel_err(db, grads_r[name][1]) <= TOL[dtype], name
+
+
+@pytest.mark.parametrize("module", [fast_ffn, ref_ffn], ids=["kernel", "reference"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shape", [(21, 6), (1301, 6), (3, 150, 6)])  # reference path; chunks
-def test_fused_ffn_matches_the_pieces(dtype, shape, module):
-    """Forward and all five gradients against linear -> ReLU -> linear of ``functional``.
+def test_relu_ffn_matches_the_pieces(dtype, shape, module):
+    """Forward and all four gradients against linear -> ReLU -> linear of ``functional``.
 
     The ReLU cuts about half of h to exact zeros: they must be the same entries, +0 as from
     np.maximum, and the gradient through them exactly zero."""
-    x, w1, b1, w2, b2, g = _problem(shape, 9, dtype)
-    a, cache1 = ref.linear_forward(x, w1, b1)
-    h, relu_cache = relu_forward(a)
-    out_r, cache2 = ref.linear_forward(h, w2, b2)
-    dh, dw2_r, db2_r = ref.linear_backward(g, cache2)
-    dx_r, dw1_r, db1_r = ref.linear_backward(relu_backward(dh, relu_cache), cache1)
+    x, weights, g = _problem(shape, 9, dtype)
+    out, cache = module.feed_forward_forward(x, weights, "relu")
+    _compare((out, *module.feed_forward_backward(g, cache)), _pieces(x, weights, "relu", g),
+             dtype)
+    h_want = np.maximum(ref.linear_forward(x, *weights["up"])[0], 0)
+    assert cache.act.shape == h_want.shape
+    assert 0.3 < (cache.act == 0).mean() < 0.7 and np.array_equal(cache.act == 0, h_want == 0)
+    assert not np.signbit(cache.act).any()
 
-    out, cache = module.relu_ffn_forward(x, w1, b1, w2, b2)
-    got = (out, *module.relu_ffn_backward(g, cache))
-    want = (out_r, dx_r, dw1_r, db1_r, dw2_r, db2_r)
-    for name, a_got, a_want in zip(("out", "dx", "dw1", "db1", "dw2", "db2"), got, want,
-                                   strict=True):
-        assert a_got.dtype == dtype and a_got.shape == a_want.shape, name
-        assert rel_err(a_got, a_want) <= TOL[dtype], name
-    h_got = cache.h.reshape(h.shape)
-    assert 0.3 < (h_got == 0).mean() < 0.7 and np.array_equal(h_got == 0, h == 0)
-    assert not np.signbit(h_got).any()
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("activation", config.ACTIVATIONS)
+@pytest.mark.parametrize("module", [fast_ffn, ref_ffn], ids=["kernel", "reference"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_every_activation_matches_the_pieces(dtype, module, activation, bias):
+    x, weights, g = _problem((2, 150, 6), 9, dtype, activation, bias)  # 300 rows: chunks
+    out, cache = module.feed_forward_forward(x, weights, activation)
+    assert type(cache) is ref_ffn.FeedForwardCache and cache.activation == activation
+    _compare((out, *module.feed_forward_backward(g, cache)),
+             _pieces(x, weights, activation, g), dtype)
+
+
+def test_the_one_pass_kernel_is_bit_for_bit_the_numba_pieces():
+    """With ReLU and biases the kernel gives the very numbers of the linear and ReLU kernels
+    composed (what the network without the one pass runs)."""
+    x, weights, g = _problem((2, 150, 6), 9, np.float32)
+    out, cache = fast_ffn.feed_forward_forward(x, weights, "relu")
+    dx, grads = fast_ffn.feed_forward_backward(g, cache)
+    pair = fast_ffn._activation_pair("relu")
+    out_c, cache_c = ref_ffn.compose_forward(x, weights, "relu",
+                                             fast_ffn.fast_linear.linear_forward, pair)
+    dx_c, grads_c = ref_ffn.compose_backward(g, cache_c, fast_ffn.fast_linear.linear_backward,
+                                             pair)
+    np.testing.assert_array_equal(out, out_c)
+    np.testing.assert_array_equal(dx, dx_c)
+    for name in grads:
+        for a, b in zip(grads[name], grads_c[name], strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("shape", [(21, 6), (1301, 6)])
-def test_fused_ffn_keeps_nan(shape):
-    x, w1, b1, w2, b2, g = _problem(shape, 9, np.float64)
+def test_relu_ffn_keeps_nan(shape):
+    x, weights, _ = _problem(shape, 9, np.float64)
     x[4, 0] = np.nan
-    out, cache = fused.relu_ffn_forward(x, w1, b1, w2, b2)
+    out, cache = fast_ffn.feed_forward_forward(x, weights, "relu")
     assert np.isnan(out[4]).all() and not np.isnan(np.delete(out, 4, axis=0)).any()
-    assert np.isnan(cache.h[4]).all()
+    assert np.isnan(cache.act[4]).all()
 
 
 def test_feedforward_on_the_kernel_passes_gradcheck_and_matches_numpy():
@@ -73,8 +136,8 @@ def test_feedforward_on_the_kernel_passes_gradcheck_and_matches_numpy():
     x = rng.standard_normal((2, 150, 6))  # 300 rows: the kernel's chunks
     ffns = [FeedForward(6, 10, "relu", rng=np.random.default_rng(8), backend=backend)
             for backend in ("numpy", "numba")]
-    assert ffns[0].ops.relu_ffn_forward is ref_fused.relu_ffn_forward
-    assert ffns[1].ops.relu_ffn_forward is fused.relu_ffn_forward
+    assert ffns[0].ops.feed_forward_forward is ref_ffn.feed_forward_forward
+    assert ffns[1].ops.feed_forward_forward is fast_ffn.feed_forward_forward
     g = rng.standard_normal(x.shape)
     outs = [f.forward(x) for f in ffns]
     dxs = [f.backward(g) for f in ffns]
@@ -92,20 +155,24 @@ def test_gradcheck_catches_a_backward_that_forgets_the_relu(monkeypatch):
     ffn = FeedForward(6, 10, "relu", rng=rng, backend="numpy")
     x = rng.standard_normal((2, 150, 6))
     assert check_module(ffn, {"x": x}).ok(1e-6)  # the composition itself is right
-    monkeypatch.setattr(ref_fused, "relu_backward", lambda dout, x: dout)
+    monkeypatch.setattr(ref_act, "relu_backward", lambda dout, x: dout)
     assert not check_module(ffn, {"x": x}).ok(1e-6)
 
 
-def test_fused_ffn_rejects_bad_input():
-    x, w1, b1, w2, b2, g = _problem((300, 6), 9, np.float64)
+@pytest.mark.parametrize("module", [fast_ffn, ref_ffn], ids=["kernel", "reference"])
+def test_feed_forward_rejects_bad_input(module):
+    x, weights, g = _problem((300, 6), 9, np.float64)
     with pytest.raises(ValueError, match="last"):
-        fused.relu_ffn_forward(x[:, :5], w1, b1, w2, b2)
+        module.feed_forward_forward(x[:, :5], weights, "relu")
     with pytest.raises(ValueError, match="weights"):
-        fused.relu_ffn_forward(x, w1, b1, w2.T, b2)
-    with pytest.raises(ValueError, match="weights"):
-        fused.relu_ffn_forward(x, w1, b1.astype(np.float32), w2, b2)
+        module.feed_forward_forward(x, {**weights, "down": (weights["down"][0].T, None)},
+                                    "relu")
+    with pytest.raises(ValueError, match="weights must be a dict"):
+        module.feed_forward_forward(x, weights, "swiglu")  # no gate
+    with pytest.raises(ValueError, match="activation"):
+        module.feed_forward_forward(x, weights, "tanh")
     with pytest.raises(ValueError):
-        fused.relu_ffn_forward(x.astype(int), w1, b1, w2, b2)
-    _, cache = fused.relu_ffn_forward(x, w1, b1, w2, b2)
+        module.feed_forward_forward(x.astype(int), weights, "relu")
+    _, cache = module.feed_forward_forward(x, weights, "relu")
     with pytest.raises(ValueError, match="dout"):
-        fused.relu_ffn_backward(g[:10], cache)
+        module.feed_forward_backward(g[:10], cache)

@@ -40,7 +40,6 @@ from numpy_transformer.kernels import (
     linear,
     lstm,
     norms,
-    residual,
     softmax,
 )
 
@@ -90,6 +89,12 @@ def _linear_args():
 
 def _ffn_args():
     return arr(3, ROWS // 3, 6), arr(6, 9), arr(9), arr(9, 6), arr(6)
+
+
+def _feed_forward(x, w_up, b_up, w_down, b_down):
+    """The ReLU network with biases: the one-pass kernel, its weights as arguments."""
+    return feedforward.feed_forward_forward(x, {"up": (w_up, b_up), "down": (w_down, b_down)},
+                                            "relu")
 
 
 def _sdpa_args():
@@ -184,10 +189,12 @@ CASES = {
     "embedding_backward": Case(embedding.embedding_backward,
                                _backward(embedding.embeddings_forward, _embeddings_args),
                                bound=(0,), caches=(1,)),
-    "relu_ffn_forward": Case(feedforward.relu_ffn_forward, _ffn_args, bound=(1, 2, 3, 4)),
-    "relu_ffn_backward": Case(feedforward.relu_ffn_backward,
-                              _backward(feedforward.relu_ffn_forward, _ffn_args), bound=(0,),
-                              caches=(1,)),
+    # weights of the other float: the composition of the linear kernels, which promote
+    "feed_forward_forward": Case(_feed_forward, _ffn_args, bound=(1, 2, 3, 4),
+                                 accepts=tuple(f"{i}:other float" for i in (1, 2, 3, 4))),
+    "feed_forward_backward": Case(feedforward.feed_forward_backward,
+                                  _backward(_feed_forward, _ffn_args), bound=(0,),
+                                  caches=(1,)),
     "linear_forward": Case(linear.linear_forward, _linear_args, bound=(1, 2),
                            accepts=_PROMOTED),
     "linear_backward": Case(linear.linear_backward,
@@ -203,25 +210,14 @@ CASES = {
     "layer_norm_backward": Case(norms.layer_norm_backward,
                                 _backward(norms.layer_norm_forward, _norm_args), bound=(0,),
                                 caches=(1,)),
-    "layer_norm_backward_residual": Case(
-        norms.layer_norm_backward_residual,
-        _backward(norms.layer_norm_forward, _norm_args, (arr(3, ROWS // 3, 8, seed=2),)),
-        bound=(0, 2), caches=(1,)),
     "rms_norm_forward": Case(norms.rms_norm_forward, lambda: _norm_args()[:2], bound=(1,),
                              accepts=("1:float16", "1:other float")),
     "rms_norm_backward": Case(norms.rms_norm_backward,
                               _backward(norms.rms_norm_forward, lambda: _norm_args()[:2]),
                               bound=(0,), caches=(1,)),
-    "rms_norm_backward_residual": Case(
-        norms.rms_norm_backward_residual,
-        _backward(norms.rms_norm_forward, lambda: _norm_args()[:2],
-                  (arr(3, ROWS // 3, 8, seed=2),)),
-        bound=(0, 2), caches=(1,)),
     "lstm_forward": Case(lstm.lstm_forward, _lstm_args, bound=(1, 2, 3, 4, 5)),
     "lstm_backward": Case(lstm.lstm_backward, _lstm_backward_args, bound=(0, 1, 2),
                           caches=(3,)),
-    "add_into": Case(residual.add_into, lambda: (arr(3, 5, 7), arr(3, 5, 7, seed=1)),
-                     bound=(0,), accepts=("0:other float",)),  # two dtypes: NumPy's addition
     "cross_entropy_forward": Case(softmax.cross_entropy_forward,
                                   lambda: (arr(2, 3, 5), np.array([[0, 4, 1], [2, 2, 3]])),
                                   bound=(1,)),

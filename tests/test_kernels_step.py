@@ -1,9 +1,8 @@
 """The Numba kernels of the training step against their NumPy references.
 
-Each kernel in ``kernels/norms.py``, ``kernels/softmax.py``, ``kernels/activations.py``,
-``kernels/embedding.py`` and ``kernels/residual.py`` has the contract of a readable function
-in ``functional/`` (the fused ones: a composition in ``functional/fused.py``). Here both run
-on the same
+Each kernel in ``kernels/norms.py``, ``kernels/softmax.py``, ``kernels/activations.py`` and
+``kernels/embedding.py`` has the contract of a readable function in ``functional/`` (the
+embeddings' one pass: a composition in ``functional/embedding.py``). Here both run on the same
 inputs with a random upstream gradient, forward and backward, in float64 (agreement to 1e-12
 relative) and float32 (1e-5); then whole models built with ``backend="numba"`` pass the
 finite-difference check and equal their ``backend="numpy"`` twins.
@@ -21,14 +20,12 @@ from _nn_helpers import assert_gradcheck
 from numpy_transformer import config
 from numpy_transformer.functional import activations as ref_act
 from numpy_transformer.functional import embedding as ref_emb
-from numpy_transformer.functional import fused as ref_fused
 from numpy_transformer.functional import norms as ref_norms
 from numpy_transformer.functional import softmax as ref_softmax
 from numpy_transformer.gradcheck import check_module
 from numpy_transformer.kernels import activations as fast_act
 from numpy_transformer.kernels import embedding as fast_emb
 from numpy_transformer.kernels import norms as fast_norms
-from numpy_transformer.kernels import residual as fast_residual
 from numpy_transformer.kernels import softmax as fast_softmax
 from numpy_transformer.nn import DecoderLM, EncoderClassifier, TransformerConfig
 from numpy_transformer.train import Batch, Trainer
@@ -49,22 +46,6 @@ def assert_close(name, fast, ref, dtype):
     assert np.asarray(fast).dtype == np.asarray(ref).dtype, f"{name}: dtype"
     err = rel_err(fast, ref)
     assert err <= TOL[dtype], f"{name}: relative error {err:.3g} > {TOL[dtype]}"
-
-
-# ------------------------------------------------------------------------------- residual
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("contiguous", [True, False])  # False: NumPy's addition takes over
-def test_residual_add_into_matches_numpy(dtype, contiguous):
-    rng = np.random.default_rng(0)
-    x, sub = (rng.standard_normal((3, 130, 16)).astype(dtype) for _ in range(2))
-    if not contiguous:
-        x = np.asfortranarray(x)
-    want = x + sub
-    got = fast_residual.add_into(x, sub)
-    assert got is sub  # in place
-    np.testing.assert_array_equal(got, want)  # one rounding per entry, as NumPy's
-    sub2 = rng.standard_normal(x.shape).astype(dtype)
-    assert ref_fused.add_into(x, sub2.copy()).tolist() == (x + sub2).tolist()
 
 
 # ------------------------------------------------------------------------------- norms
@@ -103,36 +84,6 @@ def test_rms_norm_matches_reference(shape, dtype, eps):
     for name, gf, gr in zip(("dx", "dw"), fast_norms.rms_norm_backward(g, cache_f),
                             ref_norms.rms_norm_backward(g, cache_r), strict=True):
         assert_close(name, gf, gr, dtype)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("norm", ["layer", "rms"])
-def test_norm_backward_residual_is_its_composition_exactly(norm, dtype):
-    """``*_backward_residual``: dres + dx in the same pass, the very numbers of the reference
-    composition in ``functional/fused.py`` (the norm's backward, then the addition), on both
-    backends; and the kernel's dx and parameter gradients are its plain backward's."""
-    rng = np.random.default_rng(4)
-    x, g, dres = (rng.standard_normal((3, 130, 16)).astype(dtype) for _ in range(3))
-    w, b = (rng.standard_normal(16).astype(dtype) for _ in range(2))
-    for forward, backward, joined_backward in (
-            (fast_norms.layer_norm_forward, fast_norms.layer_norm_backward,
-             fast_norms.layer_norm_backward_residual),
-            (ref_norms.layer_norm_forward, ref_norms.layer_norm_backward,
-             ref_fused.layer_norm_backward_residual),
-            (fast_norms.rms_norm_forward, fast_norms.rms_norm_backward,
-             fast_norms.rms_norm_backward_residual),
-            (ref_norms.rms_norm_forward, ref_norms.rms_norm_backward,
-             ref_fused.rms_norm_backward_residual)):
-        if (forward.__name__ == "layer_norm_forward") != (norm == "layer"):
-            continue
-        _, cache = forward(x, w, b) if norm == "layer" else forward(x, w)
-        plain, joined = backward(g, cache), joined_backward(g, cache, dres.copy())
-        np.testing.assert_array_equal(joined[0], dres + plain[0])
-        for a, c in zip(joined[1:], plain[1:], strict=True):
-            np.testing.assert_array_equal(a, c)
-    with pytest.raises(ValueError, match="dres"):  # the kernels' check; see test_kernel_inputs
-        fast_norms.layer_norm_backward_residual(g, fast_norms.layer_norm_forward(x, w, b)[1],
-                                                dres[:, :5])
 
 
 def test_norm_kernels_take_non_contiguous_input_and_reject_bad_input():
@@ -281,12 +232,12 @@ def test_embeddings_forward_is_the_three_passes_bit_for_bit(dtype, scale, positi
     got, cache = fast_emb.embeddings_forward(ids, table, scale, rows)
     assert got.dtype == dtype
     np.testing.assert_array_equal(got, want)
-    composed, _ = ref_fused.embeddings_forward(ids, table, scale, rows)  # the reference
+    composed, _ = ref_emb.embeddings_forward(ids, table, scale, rows)  # the reference
     np.testing.assert_array_equal(composed, want)
     dout = rng.standard_normal((6, 9, 5)).astype(dtype)
     want_grad = ref_emb.embedding_backward(dout * scale, cache_r)
     np.testing.assert_array_equal(fast_emb.embeddings_backward(dout, cache, scale), want_grad)
-    np.testing.assert_array_equal(ref_fused.embeddings_backward(dout, cache_r, scale), want_grad)
+    np.testing.assert_array_equal(ref_emb.embeddings_backward(dout, cache_r, scale), want_grad)
 
 
 def test_embeddings_forward_rejects_bad_input():

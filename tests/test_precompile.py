@@ -138,16 +138,16 @@ print(json.dumps({name: getattr(ops, name).__module__ for name in sys.argv[1:]})
 
 
 def test_one_operation_of_a_module_takes_that_kernel_alone():
-    env = {**worker_env(("lstm.lstm_backward", "residual")),
+    env = {**worker_env(("lstm.lstm_backward", "embedding")),
            "PYTHONPATH": str(Path(numpy_transformer.__file__).parents[1])}
-    names = ["lstm_backward", "lstm_forward", "add_into", "layer_norm_forward"]
+    names = ["lstm_backward", "lstm_forward", "embeddings_forward", "layer_norm_forward"]
     proc = subprocess.run([sys.executable, "-c", OPERATIONS, *names], capture_output=True,
                           text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {
         "lstm_backward": "numpy_transformer.kernels.lstm",
         "lstm_forward": "numpy_transformer.functional.lstm",
-        "add_into": "numpy_transformer.kernels.residual",
+        "embeddings_forward": "numpy_transformer.kernels.embedding",
         "layer_norm_forward": "numpy_transformer.functional.norms"}
     env[KERNELS_VARIABLE] = "lstm.lstm_backwards"  # not an operation of the module
     proc = subprocess.run([sys.executable, "-c", OPERATIONS], capture_output=True, text=True,

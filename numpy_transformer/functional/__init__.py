@@ -6,11 +6,11 @@ nothing here is compiled, and nothing here knows the fast backend exists.
 
 One file per concern: ``activations.py``, ``softmax.py`` (and cross-entropy), ``linear.py``,
 ``embedding.py``, ``norms.py``, ``positional.py`` (sinusoidal, RoPE, ALiBi), ``masks.py``,
-``attention.py``, ``lstm.py``; ``fused.py`` writes out, as plain compositions of these pairs,
-the operations the compiled backend fuses into one pass; ``adam.py`` holds the optimiser's
-update. Each file lists its public names in ``__all__``, and this package is exactly those
-lists, read below (``F.layer_norm_forward`` is ``functional.norms.layer_norm_forward``); the
-``"numpy"`` backend is the same names (``numpy_transformer.backend``).
+``attention.py``, ``feedforward.py`` (linear, activation, linear), ``lstm.py``; ``adam.py``
+holds the optimiser's update. Each file lists its public names in ``__all__``, and this
+package is exactly those lists, read below (``F.layer_norm_forward`` is
+``functional.norms.layer_norm_forward``); the ``"numpy"`` backend is the same names
+(``numpy_transformer.backend``).
 """
 
 import importlib

@@ -1,4 +1,5 @@
-"""Token embedding: a row lookup ``out[b, t] = table[ids[b, t]]`` and its backward."""
+"""Token embedding: a row lookup ``out[b, t] = table[ids[b, t]]`` and its backward; and the
+model's embeddings, the lookup scaled and with position rows added."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._checks import check_float, check_ids, check_shaped
+from .._checks import check_float, check_ids, check_scalar, check_shaped
 
 # The operations of the backends (numpy_transformer.backend)
-__all__ = ['embedding_forward', 'embedding_backward']
+__all__ = ['embedding_forward', 'embedding_backward', 'embeddings_forward', 'embeddings_backward']
 
 
 class EmbeddingCache(NamedTuple):
@@ -61,3 +62,37 @@ def embedding_backward(dout: np.ndarray, cache: EmbeddingCache) -> np.ndarray:
     dtable = np.zeros((vocab, width), dtype=dtype)
     np.add.at(dtable, ids.reshape(-1), dout.reshape(-1, width))
     return dtable
+
+
+def embeddings_forward(ids: np.ndarray, table: np.ndarray, scale: float = 1.0,
+                       positions: np.ndarray | None = None):
+    """``table[ids] * scale + positions``; returns ``(out, cache)`` with
+    :func:`embedding_forward`'s cache.
+
+    Parameters
+    ----------
+    ids : ndarray of int, shape (B, T)
+    table : ndarray of shape (V, C)
+    scale : float, default 1.0
+    positions : ndarray of shape (T, C), optional
+        One row per position, added to every sequence (a position table's first T rows).
+
+    Notes
+    -----
+    (1) e = table[ids]   (2) e = e * scale   (3) out = e + positions
+    """
+    check_scalar("scale", scale)
+    e, cache = embedding_forward(ids, table)  # (1) (B, T, C)
+    e = e * scale  # (2)
+    if positions is not None:
+        check_shaped("positions", positions, e.shape[1:], what="(T, C) of ids and table")
+    return (e if positions is None else e + positions), cache  # (3)
+
+
+def embeddings_backward(dout: np.ndarray, cache: EmbeddingCache, scale: float = 1.0):
+    """``dtable`` (V, C) of :func:`embeddings_forward`; the position rows' gradient is the
+    caller's (``dout`` summed over the batch, for a learned table)."""
+    check_scalar("scale", scale)
+    check_shaped("dout", dout, cache.ids.shape + cache.table_shape[1:])
+    # (3) passes dout to e unchanged; (2) e = e * scale; (1) rows summed per id
+    return embedding_backward(dout * scale, cache)

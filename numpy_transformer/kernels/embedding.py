@@ -1,7 +1,7 @@
 """The embeddings in Numba: lookup, scale and positions in one pass, and the table's gradient.
 
-Same contracts as the references in ``functional/embedding.py`` and ``functional/fused.py``
-(``tests/test_kernels_step.py`` checks them against those, bit for bit):
+Same contracts as the references in ``functional/embedding.py`` (``tests/test_kernels_step.py``
+checks them against those, bit for bit):
 
 * ``out, cache = embeddings_forward(ids, table, scale=1.0, positions=None)``:
   ``out[b, t] = table[ids[b, t]] * scale + positions[t]``, rows in parallel, each entry
@@ -100,7 +100,7 @@ def embedding_backward(dout: np.ndarray, cache: EmbeddingCache) -> np.ndarray:
 
 def embeddings_backward(dout: np.ndarray, cache: EmbeddingCache, scale: float = 1.0):
     """Returns ``dtable`` of shape (V, C): rows of ``dout * scale`` summed per id (repeats
-    accumulate); see ``functional.fused.embeddings_backward``."""
+    accumulate); see ``functional.embedding.embeddings_backward``."""
     check_cache(cache, EmbeddingCache, "embeddings_forward")
     ids, table_shape, dtype = cache
     check_consistent(cache, isinstance(ids, np.ndarray) and ids.ndim == 2

@@ -1,11 +1,15 @@
-"""The ReLU feed-forward network in one pass over its rows: ``out = max(x w1 + b1, 0) w2 + b2``.
+"""The feed-forward network on the numba backend; ReLU with biases in one pass over its rows.
 
-Same contract and result as its reference, the composition linear -> ReLU -> linear of the
-same names in ``functional/fused.py`` (``tests/test_kernel_feedforward.py`` checks the kernel
-against it, float32 and float64):
+Same contract and result as its reference, ``functional/feedforward.py`` (read that file
+first; ``tests/test_kernel_feedforward.py`` checks this one against it, float32 and float64):
 
-* ``out, cache = relu_ffn_forward(x, w1, b1, w2, b2)``
-* ``dx, dw1, db1, dw2, db2 = relu_ffn_backward(dout, cache)``
+* ``out, cache = feed_forward_forward(x, weights, activation)``
+* ``dx, grads = feed_forward_backward(dout, cache)``
+
+with the very same ``FeedForwardCache``. Every activation but one is the reference's
+composition (``compose_forward``) of the numba pieces: ``kernels/linear.py``'s linear maps and
+the activation's kernels where ``kernels/activations.py`` has them (its reference otherwise).
+The one is ReLU with both biases, the chapter's network ``out = max(x w1 + b1, 0) w2 + b2``:
 
 Why one kernel: the rows are cut into chunks, as in ``kernels/linear.py`` (read that file
 first), and each chunk goes through both products and the ReLU while it is in the core's
@@ -13,7 +17,8 @@ cache. Apart, the down-projection read the hidden activations h, (N, F), back fr
 in the backward pass its gradient dh was written to memory and read back by the
 up-projection's. For one chunk of rows::
 
-    forward   h   = max(x w1 + b1, 0)                       (1), (2)  kept for the backward
+    forward   x_own = x                                     the cache's copy of x
+              h   = max(x w1 + b1, 0)                       (1), (2)  kept for the backward
               out = h w2 + b2                               (3)
     backward  dh  = (dout w2^T) [h > 0]                     (3), then (2): h > 0 exactly where
               dw2 += h^T dout,   db2 += sum_rows dout       (3)         x w1 + b1 > 0
@@ -28,34 +33,47 @@ kernels' with the ReLU applied between them. Few rows go to the reference.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numba
 import numpy as np
 from numba import njit, prange
 
 from .._checks import check_last_dim, check_shaped
-from ..functional import fused as reference
-from ..functional.fused import FeedForwardCache
+from ..functional import feedforward as reference
+from ..functional.feedforward import (
+    FeedForwardCache,
+    check_feed_forward_weights,
+    compose_backward,
+    compose_forward,
+)
+from ..functional.linear import LinearCache
 from ..threads import blas_on_calling_thread
+from . import activations
+from . import linear as fast_linear
 from ._jit import jit_options
 from ._validate import check_cache, check_consistent, check_kernel_float
 from .blas import gemm, gemm_address
 from .linear import _chunks, _use_reference
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
-__all__ = ['relu_ffn_forward', 'relu_ffn_backward']
+__all__ = ['feed_forward_forward', 'feed_forward_backward']
 
 _JIT = jit_options()
 
 
 @njit(parallel=True, **_JIT)
-def _forward_kernel(x, w1, b1, w2, b2, n_chunks, gemm_fn, h, out):  # pragma: no cover
-    # x: (N, C), w1: (C, F), b1: (F,), w2: (F, C), b2: (C,) -> h: (N, F), out: (N, C)
+def _forward_kernel(x, w1, b1, w2, b2, n_chunks, gemm_fn, x_own, h, out):  # pragma: no cover
+    # x, x_own: (N, C), w1: (C, F), b1: (F,), w2: (F, C), b2: (C,) -> h: (N, F), out: (N, C)
     n = x.shape[0]
     step = -(-n // n_chunks)
     for c in prange(n_chunks):
         lo, hi = c * step, min(n, (c + 1) * step)
-        hc, oc = h[lo:hi], out[lo:hi]
-        gemm(x[lo:hi], w1, hc, gemm_fn)  # (1) x w1
+        xc, hc, oc = x_own[lo:hi], h[lo:hi], out[lo:hi]
+        for i in range(hi - lo):
+            for j in range(xc.shape[1]):
+                xc[i, j] = x[lo + i, j]  # the cache's copy, while the chunk is in cache
+        gemm(xc, w1, hc, gemm_fn)  # (1) x w1
         for i in range(hi - lo):
             for j in range(hc.shape[1]):
                 a = hc[i, j] + b1[j]  # (1) + b1
@@ -99,73 +117,102 @@ def _backward_kernel(dout, x, h, w1, w2, n_chunks, n_threads, gemm_fn, dx, dw1_p
                 acc[j] += dh[i, j]
 
 
-def relu_ffn_forward(x: np.ndarray, w1: np.ndarray, b1: np.ndarray, w2: np.ndarray,
-                     b2: np.ndarray):
-    """``out = max(x @ w1 + b1, 0) @ w2 + b2`` over the last axis.
+def _activation_pair(name: str) -> tuple[Callable, Callable]:
+    """The activation's kernels where ``kernels/activations.py`` has them, else its reference."""
+    if f"{name}_forward" in activations.__all__:
+        return getattr(activations, f"{name}_forward"), getattr(activations, f"{name}_backward")
+    return reference.activation_pair(name)
 
-    Parameters
-    ----------
-    x : ndarray of shape (..., C), float32 or float64
-    w1, b1 : ndarrays of shapes (C, F) and (F,), x's dtype
-    w2, b2 : ndarrays of shapes (F, C) and (C,), x's dtype
 
-    Returns
-    -------
-    out : ndarray shaped like x
-    cache : FeedForwardCache
-        The input rows and the ReLU's output, for :func:`relu_ffn_backward`.
+def _one_pass(activation: str, w1: np.ndarray, b1, w2: np.ndarray, b2, dtype) -> bool:
+    """Whether the one-pass kernel computes this network: ReLU, both biases, one dtype, and
+    an output as wide as the input."""
+    return (activation == "relu" and b1 is not None and b2 is not None
+            and w2.shape[1:] == w1.shape[:1]
+            and all(a.dtype == dtype for a in (w1, b1, w2, b2)))
+
+
+def _one_pass_cache(cache: FeedForwardCache) -> bool:
+    """Whether the one-pass kernel's backward fits the cache, as :func:`_one_pass`."""
+    activation, up, gate, _, down = cache
+    return (activation == "relu" and gate is None and up.has_bias and down.has_bias
+            and isinstance(up.x, np.ndarray) and isinstance(up.w, np.ndarray)
+            and isinstance(down.w, np.ndarray) and down.w.shape[1:] == up.w.shape[:1]
+            and up.x.dtype == up.w.dtype == down.w.dtype)
+
+
+def feed_forward_forward(x: np.ndarray, weights: dict, activation: str):
+    """The feed-forward network; see ``functional.feedforward.feed_forward_forward``.
 
     Raises
     ------
     ValueError
-        If x is not a float array whose last axis is C, or the weights do not fit.
+        If x is not a float32 or float64 array whose last axis is C, or the weights do not
+        fit.
     """
-    for name, a in (("x", x), ("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2)):
-        check_kernel_float(name, a)
+    check_feed_forward_weights(weights, activation)
+    check_kernel_float("x", x)
+    for name, (w, b) in weights.items():
+        check_kernel_float(f"weights[{name!r}] w", w)
+        if b is not None:
+            check_kernel_float(f"weights[{name!r}] b", b)
+    (w1, b1), (w2, b2) = weights["up"], weights["down"]
+    if not _one_pass(activation, w1, b1, w2, b2, x.dtype):
+        return compose_forward(x, weights, activation, fast_linear.linear_forward,
+                               _activation_pair(activation))
     check_last_dim("x", x, w1.shape[0])
-    if w1.ndim != 2 or w2.shape != w1.shape[::-1] or b1.shape != w1.shape[1:] or \
-            b2.shape != w2.shape[1:] or len({a.dtype for a in (x, w1, b1, w2, b2)}) != 1:
-        raise ValueError(f"the weights must be (C, F), (F,), (F, C), (C,) of x's dtype "
-                         f"{x.dtype}, got {w1.shape}, {b1.shape}, {w2.shape}, {b2.shape}")
+    check_shaped("weights['up'] b", b1, w1.shape[1:], what="w's columns")
+    check_shaped("weights['down'] b", b2, w2.shape[1:], what="w's columns")
     if _use_reference(x.size // w1.shape[0]):
-        return reference.relu_ffn_forward(x, w1, b1, w2, b2)
+        return reference.feed_forward_forward(x, weights, activation)
     x2 = np.ascontiguousarray(x).reshape(-1, w1.shape[0])  # (N, C)
+    x_own, out = np.empty_like(x2), np.empty_like(x2)  # (N, C)
     h = np.empty((x2.shape[0], w1.shape[1]), dtype=x.dtype)  # (N, F)
-    out = np.empty_like(x2)  # (N, C)
+    w1, w2 = w1.copy(), w2.copy()  # the cache's own
     with blas_on_calling_thread():
-        _forward_kernel(x2, w1, b1, w2, b2, _chunks(x2.shape[0]), gemm_address(x.dtype), h,
-                        out)
-    return out.reshape(x.shape), FeedForwardCache(x2, h, w1, w2, x.shape)
+        _forward_kernel(x2, w1, b1, w2, b2, _chunks(x2.shape[0]), gemm_address(x.dtype), x_own,
+                        h, out)
+    h = h.reshape(x.shape[:-1] + h.shape[-1:])  # (..., F): ReLU's cache, and (3)'s input
+    return out.reshape(x.shape), FeedForwardCache(
+        activation, LinearCache(x_own.reshape(x.shape), w1, True), None, h,
+        LinearCache(h, w2, True))
 
 
-def relu_ffn_backward(dout: np.ndarray, cache: FeedForwardCache):
-    """Gradients of :func:`relu_ffn_forward`: ``(dx, dw1, db1, dw2, db2)``, dx shaped like x.
+def feed_forward_backward(dout: np.ndarray, cache: FeedForwardCache):
+    """Returns ``(dx, grads)``; see ``functional.feedforward.feed_forward_backward``.
 
     Raises
     ------
     ValueError
-        If dout is not shaped like the forward's output.
+        If dout is not shaped like the forward's output, or the cache is not the forward's.
     """
-    check_cache(cache, FeedForwardCache, "relu_ffn_forward")
-    x, h, w1, w2, shape = cache
-    check_consistent(cache, all(isinstance(a, np.ndarray) and a.ndim == 2 and a.dtype == x.dtype
-                                for a in (x, h, w1, w2)) and isinstance(shape, tuple)
-                     and w1.shape == w2.shape[::-1] == (x.shape[1], h.shape[1])
-                     and h.shape[0] == x.shape[0] == np.prod(shape[:-1], dtype=int)
-                     and shape[-1:] == (x.shape[1],))
+    check_cache(cache, FeedForwardCache, "feed_forward_forward")
+    activation, up, gate, _, down = cache
+    check_consistent(cache, isinstance(up, LinearCache) and isinstance(down, LinearCache)
+                     and (gate is None or isinstance(gate, LinearCache)))
+    if not _one_pass_cache(cache):
+        return compose_backward(dout, cache, fast_linear.linear_backward,
+                                _activation_pair(activation))
+    (x, w1, _), (h, w2, _) = up, down
+    check_consistent(cache, all(isinstance(a, np.ndarray) and a.dtype == x.dtype
+                                for a in (x, h, w1, w2)) and w1.ndim == 2
+                     and w1.shape == w2.shape[::-1] and x.shape[-1:] == w1.shape[:1]
+                     and h.shape == x.shape[:-1] + w1.shape[1:])
     check_kernel_float("cache.x", x)
-    check_shaped("dout", dout, shape, x.dtype)
-    n = x.shape[0]
-    if _use_reference(n):
-        return reference.relu_ffn_backward(dout, cache)
-    dout2 = np.ascontiguousarray(dout, dtype=x.dtype).reshape(n, -1)  # (N, C)
-    chunks = _chunks(n)
+    check_shaped("dout", dout, x.shape, x.dtype)
     (c, f), dtype = w1.shape, x.dtype
-    dx = np.empty_like(x)  # (N, C)
+    n = x.size // c
+    if _use_reference(n):
+        return reference.feed_forward_backward(dout, cache)
+    dout2, x2, h2 = (np.ascontiguousarray(a).reshape(n, -1) for a in (dout, x, h))  # (N, .)
+    chunks = _chunks(n)
+    dx = np.empty((n, c), dtype)  # (N, C)
     dw1_part, dw2_part = np.empty((chunks, c, f), dtype), np.empty((chunks, f, c), dtype)
     db1_part, db2_part = np.zeros((chunks, f)), np.zeros((chunks, c))
     with blas_on_calling_thread():
-        _backward_kernel(dout2, x, h, w1, w2, chunks, numba.get_num_threads(),
-                         gemm_address(dtype), dx, dw1_part, db1_part, dw2_part, db2_part)
-    return (dx.reshape(shape), dw1_part.sum(axis=0), db1_part.sum(axis=0).astype(dtype),
-            dw2_part.sum(axis=0), db2_part.sum(axis=0).astype(dtype))
+        _backward_kernel(dout2, x2, h2, w1, w2, chunks,
+                         numba.get_num_threads(), gemm_address(dtype), dx, dw1_part, db1_part,
+                         dw2_part, db2_part)
+    return dx.reshape(x.shape), {
+        "up": (dw1_part.sum(axis=0), db1_part.sum(axis=0).astype(dtype)),
+        "down": (dw2_part.sum(axis=0), db2_part.sum(axis=0).astype(dtype))}

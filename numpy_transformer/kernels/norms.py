@@ -8,16 +8,12 @@ checks every function here against it, forward and backward, float32 and float64
 * ``out, cache = rms_norm_forward(x, w, eps)``
 * ``dx, dw = rms_norm_backward(dout, cache)``
 
-with the very same ``LayerNormCache`` / ``RMSNormCache`` named tuples, and the fused
-``layer_norm_backward_residual(dout, cache, dres)`` / ``rms_norm_backward_residual``, whose
-reference is the composition of the same names in ``functional/fused.py``.
+with the very same ``LayerNormCache`` / ``RMSNormCache`` named tuples.
 
 Why a kernel pays: the reference makes about eight passes over the (N, C) activations per
 forward and ten per backward (mean, subtract, square, mean, multiply, ...), each allocating a
 temporary. Here one row of C numbers is read once, its statistics kept in registers, and the
-row written once; rows run in parallel (``prange``). The ``_residual`` backwards add ``dres``
-(a residual connection's gradient, which the pre-LN blocks join to the norm's) to each row of
-dx while the row is in cache, instead of in one more pass over memory.
+row written once; rows run in parallel (``prange``).
 
 The parameter gradients ``dw = sum_rows dout * x_hat`` and ``db = sum_rows dout`` are sums
 over *all* rows, so threads must not add into one array. The rows are cut into fixed blocks
@@ -52,10 +48,7 @@ from ._jit import jit_options
 from ._validate import check_cache, check_consistent, check_kernel_float
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
-__all__ = [
-    'layer_norm_forward', 'layer_norm_backward', 'layer_norm_backward_residual',
-    'rms_norm_forward', 'rms_norm_backward', 'rms_norm_backward_residual'
-]
+__all__ = ['layer_norm_forward', 'layer_norm_backward', 'rms_norm_forward', 'rms_norm_backward']
 
 _ROWS = 64  # rows per block: a task for a thread, and one parameter-gradient partial sum
 # "reassoc" lets the compiler split each row sum into several SIMD partial sums. A sum in one
@@ -80,8 +73,8 @@ def _check_inputs(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps) -> No
         check_scalar("eps", eps)
 
 
-def _check_backward(dout, cache, kind: type, forward: str, dres) -> None:
-    """dout (and dres) shaped like the forward's output, of its dtype; a cache that fits."""
+def _check_backward(dout, cache, kind: type, forward: str) -> None:
+    """dout shaped like the forward's output, of its dtype; a cache that fits."""
     check_cache(cache, kind, forward)
     x_hat, w, r = cache
     check_consistent(cache, all(isinstance(a, np.ndarray) for a in cache)
@@ -89,15 +82,6 @@ def _check_backward(dout, cache, kind: type, forward: str, dres) -> None:
                      and r.shape == x_hat.shape[:-1] + (1,))
     check_kernel_float("cache.x_hat", x_hat)
     check_shaped("dout", dout, x_hat.shape, x_hat.dtype)
-    if dres is not None:
-        check_shaped("dres", dres, x_hat.shape, x_hat.dtype, what="dout")
-
-
-def _addend(dres: np.ndarray | None, like: np.ndarray):
-    """``(dres as (N, C) rows, True)``, or ``(like, False)`` without one."""
-    if dres is None:
-        return like, False
-    return _rows(dres), True
 
 
 def _blocks(n: int) -> int:
@@ -132,10 +116,9 @@ def _layer_norm_forward_kernel(x, w, b, eps, rows, out, x_hat, rstd):
 
 
 @njit(parallel=True, **_JIT)
-def _layer_norm_backward_kernel(dout, x_hat, w, rstd, add, has_add, dx, dw_part, db_part,
-                                rows):  # pragma: no cover - compiled
-    # dout, x_hat, add, dx: (N, C); w: (C,); rstd: (N,); dw_part, db_part: (blocks, C)
-    # float64; add (dres) is unused unless has_add
+def _layer_norm_backward_kernel(dout, x_hat, w, rstd, dx, dw_part, db_part, rows):
+    # pragma: no cover - compiled
+    # dout, x_hat, dx: (N, C); w: (C,); rstd: (N,); dw_part, db_part: (blocks, C) float64
     n, c = dout.shape
     t = dout.dtype.type
     for blk in prange(dw_part.shape[0]):
@@ -159,10 +142,6 @@ def _layer_norm_backward_kernel(dout, x_hat, w, rstd, add, has_add, dx, dw_part,
             dx_i = dx[i]
             for j in range(c):
                 dx_i[j] = r * (g_i[j] * w[j] - m1_t - xh_i[j] * m2_t)
-            if has_add:  # dres + dx, while the row is in cache
-                add_i = add[i]
-                for j in range(c):
-                    dx_i[j] += add_i[j]
 
 
 def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float = 1e-5):
@@ -192,16 +171,7 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
 
 def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
     """Returns ``(dx, dw, db)``; see ``functional.norms.layer_norm_backward``."""
-    return _layer_norm_backward(dout, cache, None)
-
-
-def layer_norm_backward_residual(dout: np.ndarray, cache: LayerNormCache, dres: np.ndarray):
-    """Returns ``(dres + dx, dw, db)`` in one pass; see ``functional.fused``."""
-    return _layer_norm_backward(dout, cache, dres)
-
-
-def _layer_norm_backward(dout, cache, dres):
-    _check_backward(dout, cache, LayerNormCache, "layer_norm_forward", dres)
+    _check_backward(dout, cache, LayerNormCache, "layer_norm_forward")
     x_hat, w, rstd = cache
     c = w.shape[0]
     dout2, x_hat2 = _rows(dout.astype(x_hat.dtype, copy=False)), _rows(x_hat)  # (N, C)
@@ -210,8 +180,7 @@ def _layer_norm_backward(dout, cache, dres):
     dw_part = np.zeros((_blocks(n), c))  # float64 partial sums, one row per block of rows
     db_part = np.zeros((_blocks(n), c))
     _layer_norm_backward_kernel(dout2, x_hat2, w.astype(x_hat.dtype, copy=False),
-                                rstd.reshape(-1), *_addend(dres, x_hat2), dx, dw_part, db_part,
-                                _ROWS)
+                                rstd.reshape(-1), dx, dw_part, db_part, _ROWS)
     dt = x_hat.dtype
     return dx.reshape(x_hat.shape), dw_part.sum(axis=0).astype(dt), db_part.sum(axis=0).astype(dt)
 
@@ -237,10 +206,9 @@ def _rms_norm_forward_kernel(x, w, eps, rows, out, x_hat, rrms):  # pragma: no c
 
 
 @njit(parallel=True, **_JIT)
-def _rms_norm_backward_kernel(dout, x_hat, w, rrms, add, has_add, dx, dw_part, rows):
+def _rms_norm_backward_kernel(dout, x_hat, w, rrms, dx, dw_part, rows):
     # pragma: no cover - compiled
-    # dout, x_hat, add, dx: (N, C); w: (C,); rrms: (N,); dw_part: (blocks, C) float64;
-    # add is unused unless has_add
+    # dout, x_hat, dx: (N, C); w: (C,); rrms: (N,); dw_part: (blocks, C) float64
     n, c = dout.shape
     t = dout.dtype.type
     for blk in prange(dw_part.shape[0]):
@@ -260,10 +228,6 @@ def _rms_norm_backward_kernel(dout, x_hat, w, rrms, add, has_add, dx, dw_part, r
             dx_i = dx[i]
             for j in range(c):
                 dx_i[j] = r * (g_i[j] * w[j] - xh_i[j] * m2_t)
-            if has_add:  # dres + dx, while the row is in cache
-                add_i = add[i]
-                for j in range(c):
-                    dx_i[j] += add_i[j]
 
 
 def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
@@ -284,20 +248,11 @@ def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
 
 def rms_norm_backward(dout: np.ndarray, cache: RMSNormCache):
     """Returns ``(dx, dw)``; see ``functional.norms.rms_norm_backward``."""
-    return _rms_norm_backward(dout, cache, None)
-
-
-def rms_norm_backward_residual(dout: np.ndarray, cache: RMSNormCache, dres: np.ndarray):
-    """Returns ``(dres + dx, dw)`` in one pass; see ``functional.fused``."""
-    return _rms_norm_backward(dout, cache, dres)
-
-
-def _rms_norm_backward(dout, cache, dres):
-    _check_backward(dout, cache, RMSNormCache, "rms_norm_forward", dres)
+    _check_backward(dout, cache, RMSNormCache, "rms_norm_forward")
     x_hat, w, rrms = cache
     dout2, x_hat2 = _rows(dout.astype(x_hat.dtype, copy=False)), _rows(x_hat)  # (N, C)
     dx = np.empty_like(x_hat2)
     dw_part = np.zeros((_blocks(dout2.shape[0]), w.shape[0]))
     _rms_norm_backward_kernel(dout2, x_hat2, w.astype(x_hat.dtype, copy=False),
-                              rrms.reshape(-1), *_addend(dres, x_hat2), dx, dw_part, _ROWS)
+                              rrms.reshape(-1), dx, dw_part, _ROWS)
     return dx.reshape(x_hat.shape), dw_part.sum(axis=0).astype(x_hat.dtype)

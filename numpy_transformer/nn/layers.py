@@ -15,7 +15,7 @@ import numpy as np
 
 from .._checks import check_choice, check_positive
 from ..backend import Backend, get_backend
-from ..config import ACTIVATIONS, DEFAULT_BACKEND, NORMS
+from ..config import ACTIVATIONS, DEFAULT_BACKEND, GATED_ACTIVATIONS, NORMS
 from ..functional.activations import dropout_backward, dropout_forward
 from .module import Module
 
@@ -185,16 +185,6 @@ class LayerNorm(Module):
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout : (..., C) -> dx : (..., C); adds into ``grads["w"]`` and ``grads["b"]``."""
         dx, dw, db = self.ops.layer_norm_backward(dout, self.cache)
-        return self._accumulate(dx, dw, db)
-
-    def backward_residual(self, dout: np.ndarray, dres: np.ndarray) -> np.ndarray:
-        """``dres + backward(dout)``: the gradient of a residual stream x read by this norm,
-        ``dres`` being what reached x around it (one pass with the numba backend)."""
-        self.check_grad("dout", dout)
-        dx, dw, db = self.ops.layer_norm_backward_residual(dout, self.cache, dres)
-        return self._accumulate(dx, dw, db)
-
-    def _accumulate(self, dx: np.ndarray, dw: np.ndarray, db: np.ndarray) -> np.ndarray:
         self.grads["w"] += dw
         self.grads["b"] += db
         return dx
@@ -233,13 +223,6 @@ class RMSNorm(Module):
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout : (..., C) -> dx : (..., C); adds into ``grads["w"]``."""
         dx, dw = self.ops.rms_norm_backward(dout, self.cache)
-        self.grads["w"] += dw
-        return dx
-
-    def backward_residual(self, dout: np.ndarray, dres: np.ndarray) -> np.ndarray:
-        """``dres + backward(dout)``, as :meth:`LayerNorm.backward_residual`."""
-        self.check_grad("dout", dout)
-        dx, dw = self.ops.rms_norm_backward_residual(dout, self.cache, dres)
         self.grads["w"] += dw
         return dx
 
@@ -305,16 +288,13 @@ class FeedForward(Module):
 
     Notes
     -----
-    relu / gelu / gelu_tanh (children ``up``, ``down``):
+    elementwise activations (children ``up``, ``down``):
         (1) h = up(x)   (2) a = act(h)   (3) out = down(a)
-    swiglu (children ``gate``, ``up``, ``down``; LLaMA's w1, w3, w2):
+    gated ones, swiglu (children ``gate``, ``up``, ``down``; LLaMA's w1, w3, w2):
         (1) g = gate(x), u = up(x)   (2) a = silu(g) * u   (3) out = down(a)
 
-    With ReLU and biases, (1)-(3) are one operation of the backend, ``relu_ffn_forward`` (the
-    composition in ``functional/fused.py``; with numba one kernel that keeps each chunk of rows
-    in cache through both products); ``up`` and ``down`` then only hold the parameters and
-    gradients, and the cache is that operation's. That operation adds both biases, so without
-    them the ReLU network runs its three steps one by one, as the other activations do.
+    (1)-(3) are the backend's ``feed_forward_forward`` (``functional/feedforward.py``); the
+    children hold the parameters and their gradients.
 
     References
     ----------
@@ -330,38 +310,28 @@ class FeedForward(Module):
         self.activation = check_choice("activation", activation, ACTIVATIONS)
         rng = _generator(rng)
         opts = dict(bias=bias, dtype=dtype, rng=rng, backend=self.ops)
-        if activation == "swiglu":
+        if activation in GATED_ACTIVATIONS:
             self.gate = self.add("gate", Linear(width, hidden, **opts))
         self.up = self.add("up", Linear(width, hidden, **opts))
         self.down = self.add("down", Linear(hidden, width, **opts))
-        self.act_forward, self.act_backward = self.ops.activation(activation)
-        self.fused = activation == "relu" and bias  # relu_ffn_forward adds both biases
-        self.cache = None  # the activation's cache, or relu_ffn_forward's
+        self.cache = None
+
+    def weights(self) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+        """``{name: (w, b or None)}`` of the children, as ``feed_forward_forward`` takes them."""
+        return {name: (layer.params["w"], layer.params.get("b"))
+                for name, layer in self.children.items()}
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (B, T, C) -> out : (B, T, C)."""
-        if self.fused:  # (1)-(3) as one operation
-            up, down = self.up.params, self.down.params
-            out, self.cache = self.ops.relu_ffn_forward(x, up["w"], up["b"], down["w"],
-                                                        down["b"])
-            return out
-        if self.activation == "swiglu":
-            a, self.cache = self.act_forward(self.gate(x), self.up(x))  # (1), (2)
-        else:
-            a, self.cache = self.act_forward(self.up(x))  # (1), (2)
-        return self.down(a)  # (3) (B, T, C)
+        out, self.cache = self.ops.feed_forward_forward(x, self.weights(), self.activation)
+        return out  # (1)-(3)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout : (B, T, C) -> dx : (B, T, C); adds into every child's ``grads``."""
-        if self.fused:  # (3)-(1)
-            dx, dw1, db1, dw2, db2 = self.ops.relu_ffn_backward(dout, self.cache)
-            for layer, dw, db in ((self.up, dw1, db1), (self.down, dw2, db2)):
-                layer.grads["w"] += dw
+        dx, grads = self.ops.feed_forward_backward(dout, self.cache)  # (3)-(1)
+        for name, (dw, db) in grads.items():
+            layer = self.children[name]
+            layer.grads["w"] += dw
+            if db is not None:
                 layer.grads["b"] += db
-            return dx
-        da = self.down.backward(dout)  # (3)
-        if self.activation == "swiglu":
-            dg, du = self.act_backward(da, self.cache)  # (2)
-            return self.gate.backward(dg) + self.up.backward(du)  # (1) x feeds both branches
-        dh = self.act_backward(da, self.cache)  # (2)
-        return self.up.backward(dh)  # (1)
+        return dx

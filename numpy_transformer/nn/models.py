@@ -46,8 +46,8 @@ class Embeddings(Module):
     (1) e = tokens[ids]   (2) e = e * sqrt(C) (if ``embed_scale``)
     (3) e = e + PE[start:start + T]   (sinusoidal or learned positions)   (4) x = drop(e)
 
-    (1)-(3) are the backend's ``embeddings_forward`` (``functional/fused.py``; with numba one
-    pass), and the token table's gradient takes the scale (2) on the way back. ``start`` is 0
+    (1)-(3) are the backend's ``embeddings_forward`` (``functional/embedding.py``), and the
+    token table's gradient takes the scale (2) on the way back. ``start`` is 0
     except in cached decoding, where the new tokens follow ``start`` earlier ones.
     """
 
