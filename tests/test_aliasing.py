@@ -111,7 +111,8 @@ def _dx_and_grads(backward, douts, cache) -> tuple:
     return (dx, *(grads[name] for name in sorted(grads)))
 
 
-# linear, linear_heads and feed_forward with 256 rows: the numba kernels' own path, not their reference's
+# linear, linear_heads and feed_forward with 256 rows: the numba kernels' own path, not their
+# reference's
 # (the feed-forward network with every other activation: its own test below)
 PAIR_CASES: dict[str, Callable[[np.random.Generator, np.dtype], PairCase]] = {
     "relu": _one_input, "gelu": _one_input, "gelu_tanh": _one_input, "silu": _one_input,
