@@ -96,8 +96,8 @@ def test_console_script_and_python_dash_m():
 def test_run_folder_has_everything(tiny_run):
     run_dir, out = tiny_run
     names = {p.name for p in run_dir.iterdir()}
-    assert names == {"checkpoint.npz", "log.jsonl", "loss.png", "attention.png", "config.json",
-                     "sample.txt"}
+    assert names == {"checkpoint.npz", "best.npz", "log.jsonl", "loss.png", "attention.png",
+                     "config.json", "sample.txt"}
     for png in ("loss.png", "attention.png"):
         assert (run_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     records = read_log(run_dir)

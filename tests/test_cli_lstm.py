@@ -45,7 +45,8 @@ def test_default_lstm_is_the_size_of_the_chapter_transformer():
 def test_lstm_run_folder(lstm_run):
     run_dir, out = lstm_run
     names = {p.name for p in run_dir.iterdir()}
-    assert names == {"checkpoint.npz", "log.jsonl", "loss.png", "config.json", "sample.txt"}
+    assert names == {"checkpoint.npz", "best.npz", "log.jsonl", "loss.png", "config.json",
+                     "sample.txt"}
     assert "LSTMLM" in out
     description = json.loads((run_dir / "config.json").read_text())
     assert description["options"]["model"] == "lstm"

@@ -458,6 +458,7 @@ TRAIN_ANY = {"--seed": st.integers(0, 10 ** 30).map(str),
              "--warmup": st.integers(0, 10 ** 30).map(str),
              "--eval-every": st.integers(0, 10 ** 30).map(str),
              "--save-every": st.integers(0, 10 ** 30).map(str),
+             "--early-stop": st.integers(0, 10 ** 30).map(str),
              "--lr": ANY_FLOAT, "--weight-decay": ANY_FLOAT, "--clip": ANY_FLOAT,
              "--dropout": ANY_FLOAT}
 SAMPLE_OPTIONS = {"--length": st.one_of(SMALL_INT, HUGE_INT), "--temperature": ANY_FLOAT,
