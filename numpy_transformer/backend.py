@@ -40,10 +40,18 @@ from . import functional
 from ._checks import check_choice
 from .config import BACKENDS, DEFAULT_BACKEND, KERNEL_MODULES, KERNELS_VARIABLE
 
-# The kernels that cannot run beside their reference forward: each backward here reads what
-# only its kernel forward keeps, and names that forward and what it keeps.
-NEEDS_ITS_FORWARD = {"attention.sdpa_backward": ("attention.sdpa_forward",
-                                                 "the softmax's log-sum-exp")}
+# The kernels that cannot run beside their partner's reference, each with that partner and
+# why: a kernel forward whose cache only its kernel backward reads, a kernel backward that
+# reads what only its kernel forward keeps (tests/test_environment.py finds them all).
+NEEDS_ITS_PARTNER = {
+    "attention.sdpa_forward": ("attention.sdpa_backward",
+                               "its cache (with the softmax's log-sum-exp) is the kernel's own"),
+    "attention.sdpa_backward": ("attention.sdpa_forward",
+                                "it reads the softmax's log-sum-exp, which only the kernel "
+                                "forward keeps"),
+    "linear.linear_heads_forward": ("linear.linear_heads_backward",
+                                    "its cache (the weights side by side) is the kernel's own"),
+}
 
 
 class Backend(SimpleNamespace):
@@ -74,8 +82,8 @@ def kernel_selection() -> tuple[str, ...]:
     ------
     ValueError
         If the variable names a module that is not one of ``KERNEL_MODULES``, an operation
-        that its module does not have, or a backward of ``NEEDS_ITS_FORWARD`` without its
-        forward.
+        that its module does not have, or a kernel of ``NEEDS_ITS_PARTNER`` without its
+        partner.
     """
     value = os.environ.get(KERNELS_VARIABLE)
     if value is None:
@@ -90,11 +98,10 @@ def kernel_selection() -> tuple[str, ...]:
         if operation and operation not in ops:
             raise ValueError(f"{KERNELS_VARIABLE} names {name!r}: kernels/{module_name}.py has "
                              f"no operation {operation!r}; it has {', '.join(ops)}")
-        forward, kept = NEEDS_ITS_FORWARD.get(name, (None, None))
-        if forward is not None and not {forward, module_name} & set(names):
-            raise ValueError(f"{KERNELS_VARIABLE} names {name!r} without {forward!r}: that "
-                             f"backward reads {kept}, which only its kernel forward keeps; "
-                             f"name {forward!r} too, or the module {module_name!r}")
+        partner, why = NEEDS_ITS_PARTNER.get(name, (None, None))
+        if partner is not None and not {partner, module_name} & set(names):
+            raise ValueError(f"{KERNELS_VARIABLE} names {name!r} without {partner!r}: {why}; "
+                             f"name {partner!r} too, or the module {module_name!r}")
     return names
 
 

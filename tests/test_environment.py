@@ -4,12 +4,17 @@ command, checked once before the command runs (``runs/environment.py``)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 
+import numpy as np
 import pytest
+from _aliasing_helpers import upstream
 from _run_helpers import one_line_error, run_cli
+from test_aliasing import PAIR_CASES
 
 from numpy_transformer import cli
-from numpy_transformer.backend import NEEDS_ITS_FORWARD, kernel_selection
+from numpy_transformer.backend import NEEDS_ITS_PARTNER, get_backend, kernel_selection
+from numpy_transformer.config import KERNEL_MODULES
 from numpy_transformer.runs.environment import VARIABLES
 
 # A value each variable refuses, and what the refusal says.
@@ -48,19 +53,50 @@ def test_a_bad_value_is_one_line_and_exit_2_from_every_command(name, command, mo
     assert not list(tmp_path.iterdir())  # nothing was started, nothing written
 
 
-@pytest.mark.parametrize("backward", NEEDS_ITS_FORWARD)
-def test_a_backward_that_needs_its_kernel_forward_is_refused_alone(backward, monkeypatch):
-    forward, kept = NEEDS_ITS_FORWARD[backward]
-    monkeypatch.setenv("NUMPY_TRANSFORMER_KERNELS", backward)
-    with pytest.raises(ValueError, match=f"without '{forward}'") as caught:
+@pytest.mark.parametrize("kernel", NEEDS_ITS_PARTNER)
+def test_a_kernel_that_needs_its_partner_is_refused_alone(kernel, monkeypatch):
+    partner, why = NEEDS_ITS_PARTNER[kernel]
+    monkeypatch.setenv("NUMPY_TRANSFORMER_KERNELS", kernel)
+    with pytest.raises(ValueError, match=f"without '{partner}'") as caught:
         kernel_selection()
-    assert kept in str(caught.value)
-    for fine in (f"{backward},{forward}", f"{backward},{backward.split('.')[0]}"):
+    assert why in str(caught.value)
+    for fine in (f"{kernel},{partner}", f"{kernel},{kernel.split('.')[0]}"):
         monkeypatch.setenv("NUMPY_TRANSFORMER_KERNELS", fine)
         assert kernel_selection() == tuple(fine.split(","))
-    monkeypatch.setenv("NUMPY_TRANSFORMER_KERNELS", backward)
+    monkeypatch.setenv("NUMPY_TRANSFORMER_KERNELS", kernel)
     code, _, err = run_cli(["train", "--steps", "1", "--out", "unused"])
-    assert code == 2 and one_line_error(err) and forward in err, err
+    assert code == 2 and one_line_error(err) and partner in err, err
+
+
+def _runs_beside(forward, backward, build) -> bool:
+    """Whether ``backward`` takes the cache of ``forward`` on the pair's aliasing case."""
+    case = build(np.random.default_rng(0), np.dtype("float64"))
+    outputs, cache = case.split(forward(*case.args, **case.kwargs))
+    try:
+        case.call(backward, upstream(outputs, 1), cache)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+def test_the_kernels_that_need_their_partner_are_exactly_those_the_table_names():
+    numpy_ops, numba_ops = get_backend("numpy"), get_backend("numba")
+    needy, tried = set(), 0
+    for module in KERNEL_MODULES:
+        ops = importlib.import_module(f"numpy_transformer.kernels.{module}").__all__
+        for pair in (op.removesuffix("_forward") for op in ops if op.endswith("_forward")):
+            forward, backward = f"{pair}_forward", f"{pair}_backward"
+            if backward not in ops:
+                continue
+            tried += 1
+            build = PAIR_CASES[pair]
+            if not _runs_beside(getattr(numba_ops, forward), getattr(numpy_ops, backward),
+                                build):
+                needy.add(f"{module}.{forward}")
+            if not _runs_beside(getattr(numpy_ops, forward), getattr(numba_ops, backward),
+                                build):
+                needy.add(f"{module}.{backward}")
+    assert tried > 10 and needy == set(NEEDS_ITS_PARTNER)
 
 
 @pytest.mark.parametrize("name, value", [("NUMBA_NUM_THREADS", "1"), ("OMP_NUM_THREADS", "2,1"),
