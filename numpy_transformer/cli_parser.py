@@ -176,6 +176,14 @@ def build_parser() -> Parser:
     return parser
 
 
+def add_lm_run(parser) -> None:
+    """The language model's run a command reads: a folder or checkpoint, and ``--best``."""
+    parser.add_argument("run", nargs="?", default=str(default_run_folder("lm")),
+                        metavar="RUN_DIR|CHECKPOINT",
+                        help="a run folder or a checkpoint .npz [%(default)s]")
+    add_best(parser)
+
+
 def add_best(parser) -> None:
     parser.add_argument("--best", action="store_true", help="the run's best.npz (the lowest "
                         "held-out loss) instead of its last checkpoint")
@@ -188,9 +196,7 @@ def add_sample(sub) -> None:
                        "state).",
                        epilog="example:\n  numpy-transformer sample runs/char-lm --prompt "
                        "'def ' --length 400 --temperature 0.7 --top-k 20", formatter_class=RAW)
-    s.add_argument("run", nargs="?", default=str(default_run_folder("lm")),
-                   metavar="RUN_DIR|CHECKPOINT",
-                   help="a run folder or a checkpoint .npz [%(default)s]")
+    add_lm_run(s)
     s.add_argument("--prompt", help="text to continue; every character must be in the "
                    f"model's vocabulary [{SAMPLE_PROMPT!r}]")
     s.add_argument("--length", type=number(LENGTH), default=SAMPLE_LENGTH,
@@ -202,7 +208,6 @@ def add_sample(sub) -> None:
                    "this much probability (nucleus sampling)")
     s.add_argument("--greedy", action="store_true", help="always take the most likely token")
     s.add_argument("--seed", type=number(NONNEG_INT), default=0, help="sampling seed [%(default)s]")
-    add_best(s)
 
 
 def add_eval(sub) -> None:
@@ -213,12 +218,9 @@ def add_eval(sub) -> None:
                        epilog="examples:\n  numpy-transformer eval runs/char-lm\n  "
                        "numpy-transformer eval runs/char-lm --text notes.txt",
                        formatter_class=RAW)
-    v.add_argument("run", nargs="?", default=str(default_run_folder("lm")),
-                   metavar="RUN_DIR|CHECKPOINT",
-                   help="a run folder or a checkpoint .npz [%(default)s]")
+    add_lm_run(v)
     v.add_argument("--text", metavar="FILE", help="UTF-8 text to measure [the run's held-out "
                    "10%%, as its report]")
-    add_best(v)
 
 
 def add_gradcheck(sub) -> None:
