@@ -337,10 +337,11 @@ def load_hf(directory: str | Path, backend: str | None = None) -> Exported:
                          f"({type(e).__name__}: {e})") from None
     try:
         config, eps = _our_config(hf, dtype, backend)
-        held = sum(math.prod(shape) for _, shape in header.values())
-        if parameter_count(config) > held:  # before the model is built: the header's sizes
+        held, wanted = sum(math.prod(shape) for _, shape in header.values()), parameter_count(
+            config)
+        if wanted > held:  # before the model is built: the header's sizes cost no memory
             raise ValueError(f"model.safetensors holds {held:,} numbers, fewer than the "
-                             f"{parameter_count(config):,} weights of its config's model")
+                             f"{wanted:,} weights of its config's model")
         state = read_tensors(weights, "the Hugging Face import")
         model = ours.DecoderLM(config)
         own_eps = _norm_eps(model.decoder.final_norm, np.dtype(config.dtype))

@@ -73,8 +73,8 @@ def read_header(path: Path, purpose: str) -> tuple[dict[str, str], dict[str, tup
         raise ValueError(f"{path}: no such file")
     try:
         with safetensors.safe_open(str(path), framework="np") as f:
-            header = {name: (f.get_slice(name).get_dtype(), tuple(f.get_slice(name).get_shape()))
-                      for name in f.keys()}
+            slices = {name: f.get_slice(name) for name in f.keys()}
+            header = {name: (s.get_dtype(), tuple(s.get_shape())) for name, s in slices.items()}
             return f.metadata() or {}, header
     except Exception as e:  # the package raises its own error types for a foreign file
         raise ValueError(f"{path}: not a safetensors file ({type(e).__name__}: {e})") from None

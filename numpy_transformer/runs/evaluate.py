@@ -17,7 +17,7 @@ import numpy as np
 
 from ..data import fixed_window_loss, fixed_window_windows, load_text, train_val_split
 from .outputs import UsageError
-from .state import LM_EVAL_BATCH, load_run
+from .state import LM_EVAL_BATCH, load_run, training_text
 
 
 class Evaluation(NamedTuple):
@@ -47,15 +47,6 @@ class Evaluation(NamedTuple):
                 f"{self.bits_per_character:.4f} bits per character"]
 
 
-def _held_out(options: dict) -> tuple[str, str]:
-    """The run's own held-out text, and how to name it."""
-    from ..corpus import load_corpus
-
-    text = load_text(options["text"]) if options["text"] else load_corpus()
-    where = options["text"] or "the embedded corpus"
-    return text, f"the held-out 10% of {where}"
-
-
 def evaluate_run(target: str | Path, text_file: str | Path | None = None) -> Evaluation:
     """The loss of the language model in a run folder (or checkpoint) on ``text_file``, or,
     without one, on the run's own held-out part (the held-out loss its report gives).
@@ -73,8 +64,8 @@ def evaluate_run(target: str | Path, text_file: str | Path | None = None) -> Eva
         raise UsageError(f"{target}: a {run.options['task']} run; eval measures a language "
                          f"model (--task lm)")
     if text_file is None:
-        text, source = _held_out(run.options)
-        ids = train_val_split(run.tokenizer.encode(text), 0.9)[1]
+        source = f"the held-out 10% of {run.options['text'] or 'the embedded corpus'}"
+        ids = train_val_split(run.tokenizer.encode(training_text(run.options)), 0.9)[1]
     else:
         source = str(text_file)
         try:

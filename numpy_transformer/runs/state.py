@@ -89,7 +89,7 @@ class Run:
         self.length = config_fields["max_len"]  # T: LM window; task sequence length
         extra: dict = {}
         if self.task == "lm":
-            text = load_text(options["text"]) if options["text"] else _embedded_corpus()
+            text = training_text(options)
             self.tokenizer = CharTokenizer(text)
             ids = self.tokenizer.encode(text)
             if len(ids) < 20:
@@ -294,7 +294,10 @@ def _option_label(key: str, value: int) -> str:
     return f"a vocabulary of {value} characters" if key == "vocab" else f"{flag(key)} {value}"
 
 
-def _embedded_corpus() -> str:
+def training_text(options: dict) -> str:
+    """The text an LM run trains on: its ``--text`` file, or the embedded corpus."""
+    if options["text"]:
+        return load_text(options["text"])
     from ..corpus import load_corpus
 
     return load_corpus()
