@@ -42,6 +42,7 @@ from .runs.outputs import (
     EXIT_USAGE,
     UsageError,
     describe_os_error,
+    interruptible,
 )
 from .threads import available_cores, set_blas_threads
 
@@ -157,10 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         from .runs.environment import check_environment
 
         check_environment()
-        return command(args)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
-        return EXIT_ON_SIGNAL[signal.SIGINT]
+        with interruptible():
+            return command(args)
+    except KeyboardInterrupt as e:  # Interrupted: SIGINT or SIGTERM; a bare one: Ctrl-C
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"{PROG}: stopped by {signal.Signals(signum).name}", file=sys.stderr, flush=True)
+        return EXIT_ON_SIGNAL[signum]
     except MemoryError:  # what the estimate before the start did not foresee
         print(f"{PROG}: error: out of memory; lower --batch, --context or the model's sizes",
               file=sys.stderr, flush=True)

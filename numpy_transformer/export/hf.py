@@ -54,7 +54,7 @@ from ..data import CharTokenizer
 from ..memory import parameter_count
 from ._require import require
 from .hf_tokenizer import load_tokenizer, save_tokenizer
-from .safetensors_file import Exported, check_dtypes, read_header, read_tensors
+from .safetensors_file import Exported, check_dtypes, read_header, read_tensors, write_tensors
 
 ROPE_THETA = 10000.0  # the base of functional.positional.rope_tables, which attention uses
 FAMILIES = {  # the config fields that make a DecoderLM one of the two architectures
@@ -286,12 +286,11 @@ def save_hf(directory: str | Path, model: ours.DecoderLM,
         If the model fits neither family (one line listing the fields that differ).
     """
     family = hf_family(model)
-    numpy_api = require("safetensors.numpy", "the Hugging Face export")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     _hf_config(model, family).save_pretrained(str(directory))
-    numpy_api.save_file(to_hf_state(model, family), str(directory / "model.safetensors"),
-                        metadata={"format": "pt"})  # what transformers' own files say
+    write_tensors(directory / "model.safetensors", to_hf_state(model, family),
+                  {"format": "pt"}, "the Hugging Face export")  # transformers' own metadata
     if tokenizer is not None:
         save_tokenizer(directory, tokenizer)
     return family
