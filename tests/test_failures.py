@@ -126,6 +126,45 @@ def test_the_lstm_parameter_count_is_exact():
             LSTMLM(config).num_parameters(), kw
 
 
+@pytest.mark.parametrize("kind", ["DecoderLM", "EncoderClassifier", "EncoderDecoder",
+                                  "LSTMLM"])
+def test_the_estimate_counts_the_objects_of_many_tiny_layers(kind):
+    """200 layers of width 2: the modules, dicts and array headers outweigh the numbers many
+    times over. The estimate (weights + objects) stays below what building the model
+    allocates (a lower bound) and above half of it; the weights alone are far below."""
+    import gc
+    import tracemalloc
+
+    from numpy_transformer import nn
+    from numpy_transformer.config import LSTMConfig
+    from numpy_transformer.memory import object_bytes, weight_count
+
+    def build(layers):
+        if kind == "LSTMLM":
+            config = LSTMConfig(vocab=4, embed=2, hidden=2, layers=layers, max_len=4,
+                                backend="numpy")
+        else:
+            config = TransformerConfig(vocab=4, width=2, heads=1, layers=layers, ffn_width=2,
+                                       max_len=4, backend="numpy",
+                                       num_classes=2 if kind == "EncoderClassifier" else None)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            model = getattr(nn, kind)(config)
+            allocated = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        del model
+        return config, allocated
+
+    build(1)  # the first model of a process also loads what every later one shares
+    config, allocated = build(200)
+    weights = weight_count(config, kind) * 8
+    estimate = weights + object_bytes(config, kind)
+    assert 0.5 * allocated < estimate <= allocated, (estimate, allocated)
+    assert weights < 0.25 * allocated  # negative control: the numbers alone miss most of it
+
+
 def test_checkpoint_borne_sizes_are_refused(tiny, tmp_path):
     run_dir = copy_run(tiny, tmp_path / "config")
     path = run_dir / "checkpoint.npz"
