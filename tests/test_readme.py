@@ -113,3 +113,30 @@ def test_every_bash_block_of_the_readme_runs(line, marker, body, tmp_path):
     done = run_bash_block(body, tmp_path)
     assert done.returncode == 0, (f"README.md line {line + 1}: exit {done.returncode}\n"
                                   f"{done.stderr[-3000:]}")
+
+
+def exit_code_rows(text: str) -> dict[str, set[str]]:
+    """The README's exit-code table: each code (a "130, 143" row gives both) to its commands."""
+    rows = re.findall(r"^\| ([\d, ]+) \| ([^|]+) \|", text, flags=re.M)
+    return {code.strip(): set(re.findall(r"`(\w+)`", commands)) or {commands.strip()}
+            for codes, commands in rows for code in codes.split(",")}
+
+
+def test_the_exit_code_table_lists_every_code_and_every_command():
+    """The table under "Train, sample, resume" against the codes the command line has
+    (``EXIT_CODES``) and the commands its parser has; "all" stands for every command."""
+    import argparse
+
+    from numpy_transformer import cli
+    from numpy_transformer.runs.outputs import EXIT_CODES
+
+    rows = exit_code_rows(README.read_text(encoding="utf-8"))
+    assert set(rows) == {str(code) for code in EXIT_CODES}
+    commands = set(next(a for a in cli.build_parser()._actions
+                        if isinstance(a, argparse._SubParsersAction)).choices)
+    named = set().union(*rows.values()) - {"all"}
+    assert named <= commands, named - commands
+    assert all(rows[code] == {"all"} for code in ("0", "2", "130", "143")), rows
+    # negative control: a table without the 74 row, or naming a command that does not exist
+    assert "74" not in exit_code_rows("| 0 | all | fine |\n| 1 | `train` | diverged |\n")
+    assert exit_code_rows("| 1 | `fly` | no |\n")["1"] == {"fly"}
