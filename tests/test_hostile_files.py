@@ -182,7 +182,32 @@ def test_an_imported_model_is_in_eval_mode(hf_dir):
     assert not model.training and not any(m.training for _, m in model.named_modules())
 
 
-@pytest.mark.parametrize("case", ["not JSON", "a million layers", "bfloat16"])
+HF_CONFIG_CASES = {  # entries of a GPT-2 config.json, and what the refusal says
+    "a foreign model_type": ({"model_type": "bert"}, "model_type 'bert' is neither"),
+    "zero heads": ({"n_head": 0}, "heads must be a positive integer, got 0"),
+    "heads as a string": ({"n_head": "2"}, "not a transformers config .*expected int"),
+    "a list for a width": ({"n_embd": [8]}, "not a transformers config .*expected int"),
+    "a negative vocabulary": ({"vocab_size": -5}, "vocab must be a positive integer"),
+}
+
+
+@pytest.mark.parametrize("case", [*HF_CONFIG_CASES, "no config.json", "no weights"])
+def test_an_hf_config_of_the_wrong_kind_is_refused_in_one_line(hf_dir, case):
+    from numpy_transformer.export import load_hf
+
+    config = hf_dir / "config.json"
+    if case in HF_CONFIG_CASES:
+        entries, message = HF_CONFIG_CASES[case]
+        config.write_text(json.dumps({**json.loads(config.read_text()), **entries}))
+    else:
+        (config if case == "no config.json" else hf_dir / "model.safetensors").unlink()
+        message = "not a Hugging Face model directory with config.json and model.safetensors"
+    with pytest.raises(ValueError, match=message) as refused:
+        load_hf(hf_dir, backend="numpy")
+    assert str(hf_dir) in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("case", ["not JSON", "a million layers", "bfloat16", "float16"])
 def test_a_hostile_hf_directory_is_refused_naming_it(hf_dir, case):
     from numpy_transformer.export import load_hf
 
@@ -193,6 +218,12 @@ def test_a_hostile_hf_directory_is_refused_naming_it(hf_dir, case):
     elif case == "a million layers":
         config.write_text(json.dumps({**json.loads(config.read_text()), "n_layer": 10**6}))
         message = "holds .* numbers, fewer than the .* weights|cannot fit|is too large"
+    elif case == "float16":
+        weights = hf_dir / "model.safetensors"
+        tensors, meta = _read(weights)
+        safetensors_numpy.save_file({k: a.astype(np.float16) for k, a in tensors.items()},
+                                    str(weights), metadata=meta)
+        message = r"must be all float32 or all float64, got \['F16'\]"
     else:
         torch = pytest.importorskip("torch")
         from safetensors.torch import save_file

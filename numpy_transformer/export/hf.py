@@ -332,8 +332,9 @@ def load_hf(directory: str | Path, backend: str | None = None) -> Exported:
     try:
         hf = transformers.AutoConfig.from_pretrained(str(directory))
     except Exception as e:  # transformers' own errors for a config it cannot read
+        reason = " ".join(line.strip() for line in str(e).splitlines())  # one line
         raise ValueError(f"{directory / 'config.json'}: not a transformers config "
-                         f"({type(e).__name__}: {e})") from None
+                         f"({type(e).__name__}: {reason})") from None
     try:
         config, eps = _our_config(hf, dtype, backend)
         held, wanted = sum(math.prod(shape) for _, shape in header.values()), parameter_count(
