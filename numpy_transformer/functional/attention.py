@@ -6,10 +6,18 @@ Contract shared with the compiled, fused attention of the other backend (see
 * ``out, cache = sdpa_forward(q, k, v, mask=None, bias=None, scale=None)``
 * ``dq, dk, dv = sdpa_backward(dout, cache)``
 
-q : (B, H, T_q, D), k and v : (B, H, T_k, D); ``mask`` is boolean, ``True`` = may attend,
-broadcastable to (B, H, T_q, T_k); ``bias`` is an additive float score bias (ALiBi), also
+q : (B, H, T_q, D), k and v : (B, H_kv, T_k, D) with H_kv dividing H; ``mask`` is boolean,
+``True`` = may attend, broadcastable to (B, H, T_q, T_k); ``bias`` is an additive float score bias (ALiBi), also
 broadcastable, and treated as a constant (no gradient). The cache is opaque: only the matching
 backward reads it. A query whose every key is masked gets a zero output and zero gradients.
+
+H_kv = H is multi-head attention. H_kv < H is grouped-query attention (Ainslie et al. 2023):
+the H query heads fall into H_kv groups of G = H / H_kv consecutive heads, and every head of
+group j reads the keys and values of kv head j, so query head h reads kv head h // G (the
+order of ``torch.repeat_interleave`` and of ``F.scaled_dot_product_attention(...,
+enable_gqa=True)``). H_kv = 1 is multi-query attention (Shazeer 2019). This is one pair, not
+a second one beside it, because GQA changes only which keys a head reads: equation (0) below,
+and its backward, the sum over each group.
 """
 
 from __future__ import annotations
@@ -26,8 +34,8 @@ __all__ = ['sdpa_forward', 'sdpa_backward', 'attention_weights']
 
 class SDPACache(NamedTuple):
     q: np.ndarray  # (B, H, T_q, D), the forward's own copy (as are k and v)
-    k: np.ndarray  # (B, H, T_k, D)
-    v: np.ndarray  # (B, H, T_k, D)
+    k: np.ndarray  # (B, H_kv, T_k, D), before (0): G times less than repeated
+    v: np.ndarray  # (B, H_kv, T_k, D)
     probs: np.ndarray  # (B, H, T_q, T_k) attention weights, 0 where masked
     scale: float
 
@@ -43,8 +51,11 @@ def check_attention_inputs(q, k, v, mask=None, bias=None, scale=None) -> None:
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {k.shape} and {v.shape}")
-    if q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"q {q.shape} and k {k.shape} must agree on batch, heads and head width")
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"q {q.shape} and k {k.shape} must agree on batch and head width")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"k's {k.shape[1]} heads must divide q's {q.shape[1]} heads "
+                         f"(q {q.shape}, k {k.shape})")
     scores_shape = q.shape[:3] + (k.shape[2],)
     for name, m in (("mask", mask), ("bias", bias)):
         if m is None:
@@ -69,11 +80,29 @@ def check_sdpa_grads(dout: np.ndarray, q: np.ndarray) -> None:
     check_shaped("dout", dout, q.shape, q.dtype)
 
 
+def repeat_kv(x: np.ndarray, heads: int) -> np.ndarray:
+    """(0) The keys (or values) each query head reads: (B, H_kv, T, D) -> (B, H, T, D).
+
+    Query head h reads kv head h // G, G = H / H_kv; with G = 1 this is x itself.
+    """
+    return x if x.shape[1] == heads else np.repeat(x, heads // x.shape[1], axis=1)
+
+
+def repeat_kv_backward(dx: np.ndarray, kv_heads: int) -> np.ndarray:
+    """(0) x_h = x[h // G]  =>  dx_j = sum of dx_h over the G query heads h of group j.
+
+    (B, H, T, D) -> (B, H_kv, T, D): every kv head's gradient gathers its group's.
+    """
+    b, h, t, d = dx.shape
+    return dx if h == kv_heads else dx.reshape(b, kv_heads, h // kv_heads, t, d).sum(axis=2)
+
+
 def scores_forward(q, k, mask=None, bias=None, scale=None):
     """Masked, scaled, biased scores and their softmax: the attention weights.
 
     Returns ``(probs, scale)`` with probs of shape (B, H, T_q, T_k); rows whose keys are all
-    masked are all zero. Used by the forward pass and for plotting attention maps.
+    masked are all zero. Used by the forward pass and for plotting attention maps. k holds
+    one head per query head, (B, H, T_k, D): repeated by (0) first in grouped-query attention.
     """
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
     s = (q @ k.swapaxes(-1, -2)) * q.dtype.type(scale)  # (1) s = q k^T / sqrt(D)
@@ -92,7 +121,7 @@ def scores_forward(q, k, mask=None, bias=None, scale=None):
 def attention_weights(q, k, mask=None, bias=None, scale=None) -> np.ndarray:
     """The attention weights (B, H, T_q, T_k) for plotting; zero rows where nothing is visible."""
     check_attention_inputs(q, k, k, mask, bias, scale)
-    return scores_forward(q, k, mask, bias, scale)[0]
+    return scores_forward(q, repeat_kv(k, q.shape[1]), mask, bias, scale)[0]  # (0), (1)-(4)
 
 
 def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
@@ -101,7 +130,9 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     Parameters
     ----------
     q : ndarray of shape (B, H, T_q, D)
-    k, v : ndarray of shape (B, H, T_k, D)
+    k, v : ndarray of shape (B, H_kv, T_k, D)
+        H_kv must divide H: H_kv = H is multi-head attention, H_kv < H grouped-query
+        attention (query head h reads kv head h // (H / H_kv)).
     mask : ndarray of bool, broadcastable to (B, H, T_q, T_k), optional
         ``True`` = the query may attend the key.
     bias : ndarray of float, broadcastable to (B, H, T_q, T_k), optional
@@ -121,16 +152,20 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
 
     Notes
     -----
-    (1) s = q k^T * scale   (2) s += bias   (3) s[~mask] = -inf
-    (4) p = softmax(s) along keys (0 for a fully masked row)   (5) out = p v
+    (0) k_h = k[h // G], v_h = v[h // G], G = H / H_kv   (the identity when H_kv = H)
+    (1) s = q k_h^T * scale   (2) s += bias   (3) s[~mask] = -inf
+    (4) p = softmax(s) along keys (0 for a fully masked row)   (5) out = p v_h
 
     References
     ----------
     Vaswani et al., "Attention Is All You Need", 2017.
+    Ainslie et al., "GQA: Training Generalized Multi-Query Transformer Models from Multi-Head
+    Checkpoints", 2023.
     """
     check_attention_inputs(q, k, v, mask, bias, scale)
-    probs, scale = scores_forward(q, k, mask, bias, scale)
-    out = probs @ v  # (5) (B, H, T_q, D)
+    heads = q.shape[1]
+    probs, scale = scores_forward(q, repeat_kv(k, heads), mask, bias, scale)  # (0)-(4)
+    out = probs @ repeat_kv(v, heads)  # (0), (5) (B, H, T_q, D)
     # the cache owns what it keeps: the caller may write into q, k and v before the backward
     return out, SDPACache(q.copy(), k.copy(), v.copy(), probs, scale)
 
@@ -139,14 +174,17 @@ def sdpa_backward(dout, cache: SDPACache):
     """Gradients of :func:`sdpa_forward`: returns ``(dq, dk, dv)``, each shaped like its input."""
     q, k, v, p, scale = cache
     check_sdpa_grads(dout, q)
-    # (5) out = p v          =>  dv = p^T dout,  dp = dout v^T
-    dv = p.swapaxes(-1, -2) @ dout  # (B, H, T_k, D)
-    dp = dout @ v.swapaxes(-1, -2)  # (B, H, T_q, T_k)
+    heads, kv_heads = q.shape[1], k.shape[1]
+    k_h, v_h = repeat_kv(k, heads), repeat_kv(v, heads)  # (0) again: (B, H, T_k, D)
+    # (5) out = p v_h        =>  dv_h = p^T dout,  dp = dout v_h^T
+    dv_h = p.swapaxes(-1, -2) @ dout  # (B, H, T_k, D)
+    dp = dout @ v_h.swapaxes(-1, -2)  # (B, H, T_q, T_k)
     # (4) p = softmax(s)      =>  ds = p * (dp - sum_j dp p)   (masked entries: p = 0, ds = 0)
     ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
     # (3), (2) masking and the constant bias pass ds through unchanged
-    # (1) s = q k^T * scale   =>  dq = ds k * scale,  dk = ds^T q * scale
+    # (1) s = q k_h^T * scale   =>  dq = ds k_h * scale,  dk_h = ds^T q * scale
     sc = q.dtype.type(scale)
-    dq = (ds @ k) * sc
-    dk = (ds.swapaxes(-1, -2) @ q) * sc
-    return dq, dk, dv
+    dq = (ds @ k_h) * sc  # (B, H, T_q, D)
+    dk_h = (ds.swapaxes(-1, -2) @ q) * sc  # (B, H, T_k, D)
+    # (0) k_h = k[h // G]     =>  dk, dv sum their group's G query heads: (B, H_kv, T_k, D)
+    return dq, repeat_kv_backward(dk_h, kv_heads), repeat_kv_backward(dv_h, kv_heads)

@@ -19,6 +19,13 @@ and rebuilds a block of probability rows ``p = exp(s - lse)`` when the backward 
 (FlashAttention, Dao et al. 2022). Memory is then O(T) per head instead of O(T^2), at the price
 of computing ``q k^T`` twice.
 
+Grouped-query attention (k and v with H_kv < H heads, see the reference) runs the same
+compiled kernels: the forward repeats each kv head for the G = H / H_kv query heads that read
+it, equation (0), while making the copies its cache owns anyway, and the backward sums the
+G gradients of each kv head back into one. The cache then holds k and v G times; a kernel
+that reads kv head h // G in place would spare that memory, at the price of a second set of
+compiled kernels for one index.
+
 Three files: this one holds the public wrappers (validation, the cache, the contract);
 ``_attention_kernels.py`` the compiled code, with the plan of the kernels in the reference's
 step numbers (how the work is split, the causal skipping, the threads); ``_attention_masks.py``
@@ -67,12 +74,21 @@ class SDPAKernelCache(NamedTuple):
     bias: np.ndarray  # 1-D float, a copy, like ``mask``
     bias_strides: np.ndarray  # (4,) int64
     has_bias: bool
-
+    kv_heads: int  # H_kv of the caller's k and v: the backward sums dk, dv over G = H / H_kv
 
 
 def _writeable(x: np.ndarray) -> np.ndarray:
     """x, or a copy if read-only (Numba compiles read-only arrays as a separate type)."""
     return x if x.flags.writeable else x.copy()
+
+
+def _own_heads(x: np.ndarray, heads: int) -> np.ndarray:
+    """(0) A C-contiguous copy of x (B, H_kv, T, D) with one head per query head, (B, H, T, D).
+
+    The cache owns the copy; with H_kv = H it is a plain copy of x.
+    """
+    return np.array(x, order="C") if x.shape[1] == heads else np.repeat(x, heads // x.shape[1],
+                                                                         axis=1)
 
 
 def _heads_view(b: int, h: int, t: int, d: int, dtype) -> np.ndarray:
@@ -94,7 +110,7 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     Parameters
     ----------
     q : ndarray of shape (B, H, T_q, D), float32 or float64
-    k, v : ndarray of shape (B, H, T_k, D), same dtype
+    k, v : ndarray of shape (B, H_kv, T_k, D), same dtype, H_kv dividing H
     mask : ndarray of bool, broadcastable to (B, H, T_q, T_k), optional
         ``True`` = may attend. ``causal_mask(T_q, T_k)``, ``key_padding_mask(lengths, T_k)`` and
         their AND are recognised and their hidden keys are skipped, not computed.
@@ -115,8 +131,9 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
 
     Notes
     -----
-    (1) s = q k^T * scale   (2) s += bias   (3) s[~mask] = -inf
-    (4) p = softmax(s) along keys (0 for a fully masked row)   (5) out = p v
+    (0) k_h = k[h // G], v_h = v[h // G], G = H / H_kv   (1) s = q k_h^T * scale
+    (2) s += bias   (3) s[~mask] = -inf
+    (4) p = softmax(s) along keys (0 for a fully masked row)   (5) out = p v_h
     Stored for backward: lse = log sum_j exp(s_j), so that p = exp(s - lse). lse is float64
     for either input dtype (one number per row): rounded to float32 it would shift every
     rebuilt p by up to about 1e-6 relative.
@@ -124,14 +141,15 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     check_attention_inputs(q, k, v, mask, bias, scale)
     check_kernel_float("q", q)  # and so k and v, of q's dtype
     b, h, t_q, d = q.shape
-    t_k = k.shape[2]
+    t_k, kv_heads = k.shape[2], k.shape[1]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     causal, kv_len, rest = _analyse_mask(mask, b, t_q, t_k)
     mask_flat, mstr, has_mask = _flat_with_strides(rest, np.bool_)
     bias_flat, bstr, has_bias = _flat_with_strides(bias, q.dtype)
     # the cache owns q, k, v: C-contiguous copies (keys and values are read whole by every
-    # query block, as they lie), whatever the caller's strides, so one compiled signature
-    q, k, v = (np.array(x, order="C") for x in (q, k, v))
+    # query block, as they lie), whatever the caller's strides, so one compiled signature;
+    # k and v with one head per query head, (0)
+    q, k, v = np.array(q, order="C"), _own_heads(k, h), _own_heads(v, h)
     out = _heads_view(b, h, t_q, d, q.dtype)  # (B, H, T_q, D)
     lse = np.empty((b, h, t_q), dtype=np.float64)  # (B, H, T_q)
     with blas_on_calling_thread(), numba.parallel_chunksize(h):
@@ -140,7 +158,7 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
                              has_mask, bias_flat, bstr, has_bias, numba.get_num_threads(),
                              gemm_address(q.dtype), out.transpose(0, 2, 1, 3), lse)
     cache = SDPAKernelCache(q, k, v, out, lse, scale, (b, h, t_q, t_k, d), causal, kv_len,
-                            mask_flat, mstr, has_mask, bias_flat, bstr, has_bias)
+                            mask_flat, mstr, has_mask, bias_flat, bstr, has_bias, kv_heads)
     return out, cache
 
 
@@ -169,7 +187,8 @@ def _check_cache(c: SDPAKernelCache) -> None:
               and (c.mask_strides >= 0).all() and (c.bias_strides >= 0).all()
               and (not c.has_mask or _reach(c.mask_strides, scores) <= c.mask.size)
               and (not c.has_bias or _reach(c.bias_strides, scores) <= c.bias.size)
-              and c.bias.dtype == c.q.dtype)
+              and c.bias.dtype == c.q.dtype
+              and isinstance(c.kv_heads, int) and 0 < c.kv_heads <= h and h % c.kv_heads == 0)
     check_consistent(c, ok)
     check_kernel_float("cache.q", c.q)
 
@@ -179,7 +198,8 @@ def sdpa_backward(dout, cache: SDPAKernelCache):
 
     Rows whose keys are all masked get zero gradients; a masked (query, key) pair contributes
     exactly zero to dq, dk and dv. Like the forward's output, each gradient is a (B, H, T, D)
-    view of memory laid out as (B, T, H, D), so that merging its heads is a free reshape.
+    view of memory laid out as (B, T, H, D), so that merging its heads is a free reshape;
+    dk and dv (B, H_kv, T_k, D) too, in grouped-query attention.
     """
     _check_cache(cache)
     check_sdpa_grads(dout, cache.q)
@@ -202,4 +222,16 @@ def sdpa_backward(dout, cache: SDPAKernelCache):
     if n_chunks > 1:
         dk[...] = dk_part.sum(axis=2)
         dv[...] = dv_part.sum(axis=2)
+    if cache.kv_heads < h:
+        dk, dv = _group_sum(dk, cache.kv_heads), _group_sum(dv, cache.kv_heads)
     return dq, dk, dv
+
+
+def _group_sum(dx: np.ndarray, kv_heads: int) -> np.ndarray:
+    """(0) k_h = k[h // G]  =>  dk_j = sum of dk_h over the G query heads of group j.
+
+    dx (B, H, T, D) -> (B, H_kv, T, D), written as a view of (B, T, H_kv, D) memory.
+    """
+    b, h, t, d = dx.shape
+    out = _heads_view(b, kv_heads, t, d, dx.dtype)
+    return np.sum(dx.reshape(b, kv_heads, h // kv_heads, t, d), axis=2, out=out)
