@@ -139,3 +139,14 @@ def check_file(path: str | Path, what: str = "file") -> os.stat_result:
         return info
     kind = next((name for test, name in FILE_KINDS if test(info.st_mode)), "not a regular file")
     raise ValueError(f"{path} is {kind}, not a {what}")
+
+
+def check_kv_heads(heads: int, kv_heads: int | None) -> int:
+    """H_kv for ``kv_heads`` (None = ``heads``); ``ValueError`` naming it unless it is a
+    positive integer dividing ``heads``."""
+    if kv_heads is None:
+        return heads
+    check_positive("kv_heads", kv_heads, integer=True)
+    if heads % kv_heads:
+        raise ValueError(f"kv_heads={kv_heads} does not divide heads={heads}")
+    return int(kv_heads)

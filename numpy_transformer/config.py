@@ -82,6 +82,10 @@ class TransformerConfig:
     tie_embeddings: bool = False  # decoder output projection reuses the token embedding table
     bias: bool = True  # every linear layer adds a bias (Vaswani, GPT-2); False drops them all,
     #   in attention, feed-forward network and head, as LLaMA does (the norms keep theirs)
+    kv_heads: int | None = None  # H_kv, heads of the keys and values; None = heads: multi-head
+    #   attention, as the original and GPT-2. Fewer, dividing heads, is grouped-query attention
+    #   (Ainslie et al. 2023; LLaMA 2 70B, LLaMA 3, Mistral): G = H / H_kv query heads share
+    #   each kv head, so wk, wv and a decoding cache shrink by G
     num_classes: int | None = None  # classes per position of EncoderClassifier; unused otherwise
     backend: str = DEFAULT_BACKEND  # which implementation of the operations runs: see BACKENDS
     dtype: str = "float64"  # float64 for gradient checks; float32 for faster training
@@ -96,13 +100,14 @@ class TransformerConfig:
         """
         # imported here, not above: the command line reads the names of this module before
         # it imports NumPy (its --help answers without it), and _checks needs NumPy
-        from ._checks import check_choice, check_even, check_positive
+        from ._checks import check_choice, check_even, check_kv_heads, check_positive
         from .memory import check_config_fits
 
         for name in ("vocab", "width", "heads", "layers", "ffn_width", "max_len"):
             check_positive(name, getattr(self, name), integer=True)
         if self.width % self.heads:
             raise ValueError(f"heads={self.heads} does not divide width={self.width}")
+        check_kv_heads(self.heads, self.kv_heads)
         for name, allowed in (("norm", NORMS), ("activation", ACTIVATIONS),
                               ("positions", POSITIONS), ("backend", BACKENDS),
                               ("dtype", DTYPES)):

@@ -71,10 +71,18 @@ def op_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckReport
     yield lambda: check_op(lambda q, k, v: F.sdpa_forward(q, k, v, padded, F.alibi_bias(2, 4, 4)),
                            F.sdpa_backward, {"q": q, "k": k, "v": v},
                            title="attention (causal + padding + alibi)")
+    # grouped-query: 4 query heads read 2 kv heads, so dk, dv sum over each group of 2
+    yield lambda: check_op(lambda q, k, v: F.sdpa_forward(q, k, v, padded, F.alibi_bias(4, 4, 4)),
+                           F.sdpa_backward, {"q": rng.normal(size=(2, 4, 4, 4)),
+                                             "k": rng.normal(size=(2, 2, 4, 4)),
+                                             "v": rng.normal(size=(2, 2, 4, 4))},
+                           title="grouped-query attention (4 heads, 2 kv heads; causal + "
+                                 "padding + alibi)")
 
 
 def module_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckReport]]:
-    """Attention (self and cross), the two blocks in both placements."""
+    """Attention (self and cross; multi-head, grouped-query and multi-query), the two blocks
+    in both placements."""
     from .nn import DecoderBlock, EncoderBlock, MultiHeadAttention
 
     x, memory = rng.normal(size=(2, 4, 8)), rng.normal(size=(2, 3, 8))
@@ -88,6 +96,16 @@ def module_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckRe
                                {"x": x.copy(), "context": memory.copy()},
                                mask=F.key_padding_mask(np.array([3, 2]), 3),
                                title="multi-head cross-attention (key padding)")
+    yield lambda: check_module(MultiHeadAttention(8, 4, kv_heads=2, rope=True, max_len=4,
+                                                  rng=rng, backend=ref),
+                               {"x": x.copy()}, mask=causal,
+                               title="grouped-query self-attention (4 heads, 2 kv heads, "
+                                     "causal, RoPE)")
+    yield lambda: check_module(MultiHeadAttention(8, 4, kv_heads=1, rng=rng, backend=ref),
+                               {"x": x.copy(), "context": memory.copy()},
+                               mask=F.key_padding_mask(np.array([3, 2]), 3),
+                               title="multi-query cross-attention (4 heads, 1 kv head, key "
+                                     "padding)")
     for norm_first in (True, False):
         place = "pre-LN" if norm_first else "post-LN"
         yield lambda nf=norm_first, place=place: check_module(
@@ -124,6 +142,9 @@ def model_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckRep
         ("decoder-only LM (RoPE, SwiGLU, RMSNorm)",
          DecoderLM(_tiny(positions="rope", activation="swiglu", norm="rmsnorm")),
          {"tokens": tokens}),
+        ("decoder-only LM (LLaMA's shape: grouped-query attention, 4 heads, 2 kv heads)",
+         DecoderLM(_tiny(heads=4, kv_heads=2, positions="rope", activation="swiglu",
+                         norm="rmsnorm", bias=False)), {"tokens": tokens}),
         ("encoder-decoder (ALiBi, GELU-tanh)",
          EncoderDecoder(_tiny(positions="alibi", activation="gelu_tanh")),
          {"src": src, "tgt": tokens}),

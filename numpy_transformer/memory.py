@@ -116,7 +116,8 @@ def parameter_count(config, model: str = "DecoderLM") -> int:
     c, f, v, t = config.width, config.ffn_width, config.vocab, config.max_len
     b = 1 if config.bias else 0  # every linear layer's bias, or none
     norm = 2 * c if config.norm == "layernorm" else c  # gain and bias, or gain only
-    attention = 4 * (c * c + b * c)  # q, k, v and the output projection
+    kv = c // max(config.heads, 1) * (config.kv_heads or config.heads)  # H_kv D
+    attention = 2 * (c * c + b * c) + 2 * (c * kv + b * kv)  # q and out; k and v, H_kv D wide
     ffn = 2 * c * f + b * (f + c) + (c * f + b * f if config.activation == "swiglu" else 0)
     block = attention + ffn + 2 * norm
     table = t * c if config.positions == "learned" else 0

@@ -9,11 +9,12 @@ positions join those of the earlier ones there, and the queries attend to all of
 
 from __future__ import annotations
 
+from itertools import groupby
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .._checks import check_float, check_last_dim, check_positive
+from .._checks import check_float, check_kv_heads, check_last_dim, check_positive
 from ..backend import get_backend
 from ..config import DEFAULT_BACKEND
 from ..functional.linear import merge_heads, split_heads
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
     from .decoding import KVCache
 
 class AttentionCache(NamedTuple):
-    projections: tuple  # the backend's caches of (1)-(2): one per source, (x,) or (x, context)
+    projections: tuple  # the backend's caches of (1)-(2): per source, (x,) or (x, context), a
+    #   tuple of one cache per head count (see MultiHeadAttention._project)
     sdpa: object  # the backend's cache of (4)
     out: object  # the backend's cache of (6), the output projection
     cross: bool  # keys and values came from a context
@@ -41,6 +43,10 @@ class MultiHeadAttention(Module):
         C, the model width; split into ``heads`` heads of width D = C / H.
     heads : int
         H; must divide ``width``.
+    kv_heads : int, optional
+        H_kv, the heads of the keys and values; must divide ``heads``. None (the default)
+        is H: multi-head attention. Fewer is grouped-query attention (LLaMA 2 70B, Mistral):
+        query head h reads kv head h // (H / H_kv), and wk, wv shrink to (C, H_kv D).
     rope : bool, default False
         Rotate queries and keys by their positions (self-attention only; D must be even).
     alibi : bool, default False
@@ -63,34 +69,39 @@ class MultiHeadAttention(Module):
     params : wq, bq, wk, bk, wv, bv, wo, bo
         Each w is (C, C) in the ``x @ w`` layout, each b is (C,): 4C^2 + 4C numbers whatever
         the head count (4C^2 and no b without ``bias``). Initialised like four
-        ``nn.Linear(C, C)``: U(-1/sqrt(C), 1/sqrt(C)).
+        ``nn.Linear(C, C)``: U(-1/sqrt(C), 1/sqrt(C)). With H_kv < H, wk and wv are
+        (C, H_kv D) and bk, bv (H_kv D,), drawn from the same U(-1/sqrt(C), 1/sqrt(C)).
 
     Notes
     -----
     With ``src = x`` (self-attention) or ``src = context`` (cross-attention); without
     ``bias``, here and in (6), no b is added:
 
-    (1) q = x wq + bq,  k = src wk + bk,  v = src wv + bv               (B, T, C)
-    (2) q, k, v = split_heads(q), split_heads(k), split_heads(v)        (B, H, T, D)
+    (1) q = x wq + bq,  k = src wk + bk,  v = src wv + bv    (B, T, C), k, v (B, T, H_kv D)
+    (2) q, k, v = split_heads(q), split_heads(k), split_heads(v)    (B, H, T, D), (B, H_kv, T, D)
     (3) q, k = rope(q), rope(k)                                         (if rope)
         at the positions start .. start + T - 1, start = 0 unless decoding with a cache
     (4) o = softmax(q k^T / sqrt(D) + alibi, masked) v                  (B, H, T_q, D)
-        with a ``kv_cache`` (decoding), k and v are those of every position so far
+        with a ``kv_cache`` (decoding), k and v are those of every position so far; with
+        H_kv < H, query head h reads kv head h // (H / H_kv) (the backend's ``sdpa_forward``)
     (5) o = merge_heads(o)                                              (B, T_q, C)
     (6) out = o wo + bo                                                 (B, T_q, C)
 
-    (1) and (2) are one backend operation per source, ``linear_heads_forward``: the NumPy
-    reference writes each projection out; the numba kernel makes one product of the source
-    and its weights side by side and writes it head by head.
+    (1) and (2) are one backend operation per source and head count,
+    ``linear_heads_forward``: the NumPy reference writes each projection out; the numba kernel
+    makes one product of the source and its weights side by side and writes it head by head.
+    Grouped-query self-attention makes two: q with H heads, k and v with H_kv.
 
     References
     ----------
     Vaswani et al., "Attention Is All You Need", 2017.
     Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding", 2021.
     Press, Smith & Lewis, "Train Short, Test Long: Attention with Linear Biases", 2022.
+    Ainslie et al., "GQA: Training Generalized Multi-Query Transformer Models from Multi-Head
+    Checkpoints", 2023.
     """
 
-    def __init__(self, width: int, heads: int, *, rope: bool = False, alibi: bool = False,
+    def __init__(self, width: int, heads: int, *, kv_heads: int | None = None, rope: bool = False, alibi: bool = False,
                  max_len: int | None = None, bias: bool = True,
                  backend: str | Backend = DEFAULT_BACKEND, keep_weights: bool = False,
                  dtype=np.float64,
@@ -102,6 +113,7 @@ class MultiHeadAttention(Module):
         if width % heads:
             raise ValueError(f"heads={heads} does not divide width={width}")
         self.width, self.heads, self.head_width = width, heads, width // heads
+        self.kv_heads = check_kv_heads(heads, kv_heads)
         self.rope, self.alibi, self.max_len, self.bias = rope, alibi, max_len, bias
         self.keep_weights = keep_weights
         if rope:
@@ -112,10 +124,11 @@ class MultiHeadAttention(Module):
             self.buffers["rope_cos"], self.buffers["rope_sin"] = cos, sin
         rng = np.random.default_rng() if rng is None else rng
         bound = 1.0 / np.sqrt(width)
-        for name in ("q", "k", "v", "o"):
-            self.add_param("w" + name, rng.uniform(-bound, bound, (width, width)).astype(dtype))
+        kv_width = self.kv_heads * self.head_width  # H_kv D, C in multi-head attention
+        for name, out in (("q", width), ("k", kv_width), ("v", kv_width), ("o", width)):
+            self.add_param("w" + name, rng.uniform(-bound, bound, (width, out)).astype(dtype))
             if bias:
-                self.add_param("b" + name, rng.uniform(-bound, bound, width).astype(dtype))
+                self.add_param("b" + name, rng.uniform(-bound, bound, out).astype(dtype))
         self.cache = None
         self.weights = None
 
@@ -168,9 +181,8 @@ class MultiHeadAttention(Module):
 
     def _forward_self(self, x: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
         """Equations (1)-(6) with src = x, keeping the cache for :meth:`_backward_self`."""
-        # (1), (2): q, k, v (B, H, T, D), one operation for the one source
-        (q, k, v), projection = self.ops.linear_heads_forward(x, *self._projections("qkv"),
-                                                              self.heads)
+        # (1), (2): q (B, H, T, D), k, v (B, H_kv, T, D) from the one source
+        (q, k, v), projection = self._project(x, "qkv")
         if self.rope:  # (3) position p of q and of k is the same p
             cos, sin = self._rope_rows(0, q.shape[2])  # (T, D/2)
             q, k = rope_forward(q, cos, sin), rope_forward(k, cos, sin)
@@ -183,10 +195,9 @@ class MultiHeadAttention(Module):
     def _forward_cross(self, x: np.ndarray, context: np.ndarray,
                        mask: np.ndarray | None) -> np.ndarray:
         """Equations (1), (2), (4)-(6) with src = context, for :meth:`_backward_cross`."""
-        # (1), (2): q (B, H, T_q, D) from x; k, v (B, H, T_k, D) from the context
-        (q,), q_cache = self.ops.linear_heads_forward(x, *self._projections("q"), self.heads)
-        (k, v), context_cache = self.ops.linear_heads_forward(context, *self._projections("kv"),
-                                                              self.heads)
+        # (1), (2): q (B, H, T_q, D) from x; k, v (B, H_kv, T_k, D) from the context
+        (q,), q_cache = self._project(x, "q")
+        (k, v), context_cache = self._project(context, "kv")
         o, sdpa = self._attend(q, k, v, mask, x.dtype)  # (4) (B, H, T_q, D)
         o = merge_heads(o)  # (5) (B, T_q, C)
         out, out_cache = self.ops.linear_forward(o, self.params["wo"], self.params.get("bo"))  # (6)
@@ -197,29 +208,56 @@ class MultiHeadAttention(Module):
                         mask: np.ndarray | None, kv_cache: KVCache) -> np.ndarray:
         """Equations (1)-(6) for decoding: k and v of every position so far, from the cache."""
         if context is None:  # self-attention: the new positions' k and v join the cache
-            (q, k, v), _ = self.ops.linear_heads_forward(x, *self._projections("qkv"),
-                                                         self.heads)  # (1), (2)
+            (q, k, v), _ = self._project(x, "qkv")  # (1), (2)
             if self.rope:  # (3) at the positions after the cached ones
                 cos, sin = self._rope_rows(kv_cache.length, q.shape[2])
                 q, k = rope_forward(q, cos, sin), rope_forward(k, cos, sin)
-            k, v = kv_cache.append(k, v)  # (B, H, T_k, D), T_k = every position so far
+            k, v = kv_cache.append(k, v)  # (B, H_kv, T_k, D), T_k = every position so far
         else:  # cross-attention: the context's k and v, computed on the first call only
-            (q,), _ = self.ops.linear_heads_forward(x, *self._projections("q"),
-                                                    self.heads)  # (1), (2)
+            (q,), _ = self._project(x, "q")  # (1), (2)
             if kv_cache.length > 0:
                 k, v = kv_cache.kept()
             else:
-                (k, v), _ = self.ops.linear_heads_forward(context, *self._projections("kv"),
-                                                          self.heads)  # (1), (2)
+                (k, v), _ = self._project(context, "kv")  # (1), (2)
                 k, v = kv_cache.append(k, v)
         o, _ = self._attend(q, k, v, mask, x.dtype)  # (4) (B, H, T_q, D)
         o = merge_heads(o)  # (5) (B, T_q, C)
         return self.ops.linear_forward(o, self.params["wo"], self.params.get("bo"))[0]  # (6)
 
-    def _projections(self, names: str) -> tuple[tuple, tuple | None]:
-        """The weights and biases (or None) of (1) for the projections ``names``, e.g. "qkv"."""
-        ws = tuple(self.params["w" + n] for n in names)  # (C, C) each
-        return ws, tuple(self.params["b" + n] for n in names) if self.bias else None
+    def _head_groups(self, names: str) -> list[tuple[str, int]]:
+        """The projections ``names`` (e.g. "qkv") in runs of one head count, with the count.
+
+        Queries have H heads, keys and values H_kv: "qkv" is one run in multi-head attention,
+        ``[("qkv", H)]``, and two in grouped-query attention, ``[("q", H), ("kv", H_kv)]``.
+        """
+        count = {"q": self.heads, "k": self.kv_heads, "v": self.kv_heads}
+        return [("".join(run), h) for h, run in groupby(names, key=count.__getitem__)]
+
+    def _project(self, src: np.ndarray, names: str) -> tuple[tuple, tuple]:
+        """(1), (2) for the projections ``names`` of one source: one backend operation per
+        run of :meth:`_head_groups`. Returns the heads, one (B, H or H_kv, T, D) array per
+        name, and the operations' caches."""
+        ys, caches = (), ()
+        for run, heads in self._head_groups(names):
+            ws = tuple(self.params["w" + n] for n in run)  # (C, H D) or (C, H_kv D) each
+            bs = tuple(self.params["b" + n] for n in run) if self.bias else None
+            y, cache = self.ops.linear_heads_forward(src, ws, bs, heads)
+            ys, caches = ys + y, caches + (cache,)
+        return ys, caches
+
+    def _project_backward(self, dys: tuple, caches: tuple, names: str) -> np.ndarray:
+        """The backward of :meth:`_project`: adds dw, db into ``grads``; returns dsrc, the sum
+        of the paths through every projection of ``names`` (B, T, C)."""
+        dsrc, i = None, 0
+        for (run, _), cache in zip(self._head_groups(names), caches, strict=True):
+            d, dws, dbs = self.ops.linear_heads_backward(dys[i:i + len(run)], cache)
+            i += len(run)
+            for j, n in enumerate(run):  # (1) => dw, db of each projection
+                self.grads["w" + n] += dws[j]
+                if self.bias:
+                    self.grads["b" + n] += dbs[j]
+            dsrc = d if dsrc is None else dsrc + d  # (1) src fed every run
+        return dsrc
 
     def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
                 dtype) -> tuple[np.ndarray, object]:
@@ -259,9 +297,7 @@ class MultiHeadAttention(Module):
             cos, sin = self._rope_rows(0, c.t_q)
             dq, dk = rope_backward(dq, cos, sin), rope_backward(dk, cos, sin)
         # (2), (1): x fed q, k and v, so dx sums the three paths (B, T, C)
-        dx, dws, dbs = self.ops.linear_heads_backward((dq, dk, dv), c.projections[0])
-        self._add_projection_grads("qkv", dws, dbs)
-        return dx
+        return self._project_backward((dq, dk, dv), c.projections[0], "qkv")
 
     def _backward_cross(self, dout: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The backward of :meth:`_forward_cross`, equations (6) down to (1)."""
@@ -269,10 +305,8 @@ class MultiHeadAttention(Module):
         do = self._output_backward(dout)  # (6), (5) (B, H, T_q, D)
         dq, dk, dv = self.ops.sdpa_backward(do, c.sdpa)  # (4)
         # (2), (1): x fed q; the context fed k and v, so dcontext sums two paths
-        dx, dws, dbs = self.ops.linear_heads_backward((dq,), c.projections[0])  # (B, T_q, C)
-        self._add_projection_grads("q", dws, dbs)
-        dcontext, dws, dbs = self.ops.linear_heads_backward((dk, dv), c.projections[1])
-        self._add_projection_grads("kv", dws, dbs)  # dcontext: (B, T_k, C)
+        dx = self._project_backward((dq,), c.projections[0], "q")  # (B, T_q, C)
+        dcontext = self._project_backward((dk, dv), c.projections[1], "kv")  # (B, T_k, C)
         return dx, dcontext
 
     def _output_backward(self, dout: np.ndarray) -> np.ndarray:
@@ -283,10 +317,3 @@ class MultiHeadAttention(Module):
         if self.bias:
             self.grads["bo"] += dbo
         return split_heads(do, self.heads)  # (5) merge heads  =>  split the gradient
-
-    def _add_projection_grads(self, names: str, dws: tuple, dbs: tuple | None) -> None:
-        """Add the gradients of (1) into ``grads``: dw, db of each projection of ``names``."""
-        for i, n in enumerate(names):
-            self.grads["w" + n] += dws[i]
-            if self.bias:
-                self.grads["b" + n] += dbs[i]

@@ -58,6 +58,8 @@ class EncoderBlock(_Block):
         Pre-LN (True) or post-LN (False).
     dropout : float, default 0.0
         Applied to each sublayer's output before the residual addition.
+    kv_heads : int, optional
+        H_kv of the attention (None = H; see :class:`MultiHeadAttention`).
     rope, alibi, max_len
         Passed to the self-attention (see :class:`MultiHeadAttention`).
     bias : bool, default True
@@ -74,7 +76,8 @@ class EncoderBlock(_Block):
     (2) x = x + drop2(ffn(norm2(x)))          (2) x = norm2(x + drop2(ffn(x)))
     """
 
-    def __init__(self, width: int, heads: int, ffn_width: int, *, norm: str = "layernorm",
+    def __init__(self, width: int, heads: int, ffn_width: int, *, kv_heads: int | None = None,
+                 norm: str = "layernorm",
                  activation: str = "gelu", norm_first: bool = True, dropout: float = 0.0,
                  rope: bool = False, alibi: bool = False, max_len: int | None = None,
                  bias: bool = True, backend: str | Backend = DEFAULT_BACKEND,
@@ -85,8 +88,8 @@ class EncoderBlock(_Block):
         self.norm_first = norm_first
         self.norm1 = self.add("norm1", make_norm(norm, width, dtype=dtype, backend=ops))
         self.attn = self.add("attn", MultiHeadAttention(
-            width, heads, rope=rope, alibi=alibi, max_len=max_len, bias=bias, backend=ops,
-            dtype=dtype, rng=rng))
+            width, heads, kv_heads=kv_heads, rope=rope, alibi=alibi, max_len=max_len, bias=bias,
+            backend=ops, dtype=dtype, rng=rng))
         self.drop1 = self.add("drop1", Dropout(dropout, seed=_seed(rng)))
         self.norm2 = self.add("norm2", make_norm(norm, width, dtype=dtype, backend=ops))
         self.ffn = self.add("ffn", FeedForward(width, ffn_width, activation, bias=bias,
@@ -125,9 +128,10 @@ class DecoderBlock(_Block):
 
     Parameters
     ----------
-    width, heads, ffn_width, norm, activation, norm_first, dropout, rope, alibi, max_len,
-    bias, backend, dtype, rng
-        As for :class:`EncoderBlock` (rope and alibi apply to the self-attention only).
+    width, heads, ffn_width, kv_heads, norm, activation, norm_first, dropout, rope, alibi,
+    max_len, bias, backend, dtype, rng
+        As for :class:`EncoderBlock` (rope and alibi apply to the self-attention only;
+        kv_heads to both attentions).
     cross : bool, default False
         Add the cross-attention sublayer (encoder-decoder models). Without it this is the
         block of a decoder-only language model.
@@ -141,7 +145,8 @@ class DecoderBlock(_Block):
     (3) x = x + drop2(ffn(norm2(x)))
     """
 
-    def __init__(self, width: int, heads: int, ffn_width: int, *, cross: bool = False,
+    def __init__(self, width: int, heads: int, ffn_width: int, *, kv_heads: int | None = None,
+                 cross: bool = False,
                  norm: str = "layernorm", activation: str = "gelu", norm_first: bool = True,
                  dropout: float = 0.0, rope: bool = False, alibi: bool = False,
                  max_len: int | None = None, bias: bool = True,
@@ -153,14 +158,14 @@ class DecoderBlock(_Block):
         self.norm_first, self.cross = norm_first, cross
         self.norm1 = self.add("norm1", make_norm(norm, width, dtype=dtype, backend=ops))
         self.attn = self.add("attn", MultiHeadAttention(
-            width, heads, rope=rope, alibi=alibi, max_len=max_len, bias=bias, backend=ops,
-            dtype=dtype, rng=rng))
+            width, heads, kv_heads=kv_heads, rope=rope, alibi=alibi, max_len=max_len, bias=bias,
+            backend=ops, dtype=dtype, rng=rng))
         self.drop1 = self.add("drop1", Dropout(dropout, seed=_seed(rng)))
         if cross:
             self.cross_norm = self.add("cross_norm", make_norm(norm, width, dtype=dtype,
                                                                backend=ops))
             self.cross_attn = self.add("cross_attn", MultiHeadAttention(
-                width, heads, bias=bias, backend=ops, dtype=dtype, rng=rng))
+                width, heads, kv_heads=kv_heads, bias=bias, backend=ops, dtype=dtype, rng=rng))
             self.cross_drop = self.add("cross_drop", Dropout(dropout, seed=_seed(rng)))
         self.norm2 = self.add("norm2", make_norm(norm, width, dtype=dtype, backend=ops))
         self.ffn = self.add("ffn", FeedForward(width, ffn_width, activation, bias=bias,

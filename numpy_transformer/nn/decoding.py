@@ -37,7 +37,8 @@ class KVCache:
     Parameters
     ----------
     batch, heads, capacity, head_width : int
-        B, H, the most positions the cache can hold, and D.
+        B, the heads of the keys and values (H_kv: H, or fewer in grouped-query attention),
+        the most positions the cache can hold, and D.
     dtype : dtype, default float64
 
     Attributes
@@ -150,7 +151,8 @@ def new_cache(model, batch: int) -> DecoderCache:
     dtype = next(model.parameters())[0].dtype  # the weights' (a model may have been cast)
 
     def kv() -> KVCache:
-        return KVCache(batch, config.heads, config.max_len, config.width // config.heads,
+        kv_heads = config.heads if config.kv_heads is None else config.kv_heads  # H_kv
+        return KVCache(batch, kv_heads, config.max_len, config.width // config.heads,
                        dtype=dtype)
 
     cross = type(model).decodes == "cross"

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 def _block_options(config: TransformerConfig, rng: np.random.Generator) -> dict:
     """The keyword arguments every block of a model shares (the backend: its namespace)."""
-    return dict(norm=config.norm, activation=config.activation, norm_first=config.norm_first,
+    return dict(kv_heads=config.kv_heads, norm=config.norm, activation=config.activation,
+                norm_first=config.norm_first,
                 dropout=config.dropout, rope=config.positions == "rope",
                 alibi=config.positions == "alibi", max_len=config.max_len, bias=config.bias,
                 backend=get_backend(config.backend), dtype=np.dtype(config.dtype), rng=rng)
