@@ -155,6 +155,10 @@ OPTIONS = (
            overrides={"task": 64}),
     Option("heads", TRANSFORMER, "attention heads, must divide width", "config", POSITIVE_INT,
            default=4),
+    Option("kv_heads", TRANSFORMER, "heads of the keys and values, must divide --heads; fewer "
+           "is grouped-query attention, as LLaMA 3", "config", POSITIVE_INT,
+           metavar="K", shown={None: "--heads"},
+           since=(4, None)),  # runs written before it had one kv head per query head
     Option("ffn_width", TRANSFORMER, "feed-forward hidden width", "config", POSITIVE_INT,
            default=168, overrides={"task": 128}),
     Option("norm", TRANSFORMER, "", "config", choices=NORMS),
