@@ -87,10 +87,11 @@ def _linear_heads(rng, dtype):
                     call=lambda backward, douts, cache: backward(douts, cache))
 
 
-def _sdpa(rng, dtype):
-    q, k, v = (_normal(rng, dtype, 2, 2, t, 4) for t in (5, 6, 6))
+def _sdpa(rng, dtype, heads: int = 2, kv_heads: int = 2):
+    q = _normal(rng, dtype, 2, heads, 5, 4)
+    k, v = (_normal(rng, dtype, 2, kv_heads, 6, 4) for _ in range(2))
     return PairCase([q, k, v], dict(mask=_mask(rng, 2, 1, 5, 6),
-                                    bias=alibi_bias(2, 5, 6, dtype=dtype)))
+                                    bias=alibi_bias(heads, 5, 6, dtype=dtype)))
 
 
 def _feed_forward(activation: str) -> Callable[[np.random.Generator, np.dtype], PairCase]:
@@ -169,6 +170,24 @@ def test_the_feed_forward_network_ignores_writes_with_every_activation(activatio
     assert not moved, f"{backend} feed_forward({activation}): the backward's {moved} changed"
 
 
+# a pair's other paths: grouped-query attention (4 query heads read 2 kv heads, whose
+# gradients the backward sums; the numba kernel's repeated copies)
+VARIANT_CASES: dict[str, tuple[str, Callable[[np.random.Generator, np.dtype], PairCase]]] = {
+    "sdpa (grouped-query)": ("sdpa", lambda rng, dtype: _sdpa(rng, dtype, 4, 2)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("variant", VARIANT_CASES)
+def test_a_pairs_other_paths_ignore_writes_into_the_callers_arrays(variant, backend, dtype):
+    pair, case = VARIANT_CASES[variant]
+    ops = get_backend(backend)
+    moved = pair_difference(getattr(ops, f"{pair}_forward"), getattr(ops, f"{pair}_backward"),
+                            case, dtype)
+    assert not moved, f"{backend} {variant}: the backward's {moved} changed"
+
+
 def test_every_pair_case_names_a_pair():
     """A case left behind by an operation that is gone (or misspelt) fails too."""
     pairs = {pair for backend in BACKENDS for pair in functional_pairs(backend)}
@@ -202,7 +221,8 @@ def _tied_output(rng, dtype, backend) -> ModuleCase:
 
 def _attention(rng, dtype, backend, kind: str) -> ModuleCase:
     opts = dict(rope=kind == "rope", alibi=kind == "alibi", max_len=5)
-    module = nn.MultiHeadAttention(8, 2, dtype=dtype, rng=rng, backend=backend, **opts)
+    heads = dict(heads=4, kv_heads=2) if kind == "grouped-query" else dict(heads=2)
+    module = nn.MultiHeadAttention(8, **heads, dtype=dtype, rng=rng, backend=backend, **opts)
     x = _x(rng, dtype)
     if kind == "cross":
         return ModuleCase(module, [x, _x(rng, dtype, 6)], dict(mask=_mask(rng, 2, 1, 5, 6)))
@@ -241,7 +261,8 @@ MODULE_CASES: dict[str, Callable[[np.random.Generator, np.dtype, str], ModuleCas
         nn.FeedForward(8, 16, act, **_options(rng, dtype, backend)), [_x(rng, dtype)])
        for act in ACTIVATIONS},
     **{f"MultiHeadAttention({kind})": lambda rng, dtype, backend, kind=kind: _attention(
-        rng, dtype, backend, kind) for kind in ("self", "cross", "rope", "alibi")},
+        rng, dtype, backend, kind)
+       for kind in ("self", "cross", "rope", "alibi", "grouped-query")},
     "EncoderBlock(pre-LN)": _encoder_block,
     "EncoderBlock(post-LN, dropout)": lambda rng, dtype, backend: _encoder_block(
         rng, dtype, backend, norm_first=False, dropout=0.2),
