@@ -7,9 +7,10 @@ Contract shared with the compiled, fused attention of the other backend (see
 * ``dq, dk, dv = sdpa_backward(dout, cache)``
 
 q : (B, H, T_q, D), k and v : (B, H_kv, T_k, D) with H_kv dividing H; ``mask`` is boolean,
-``True`` = may attend, broadcastable to (B, H, T_q, T_k); ``bias`` is an additive float score bias (ALiBi), also
-broadcastable, and treated as a constant (no gradient). The cache is opaque: only the matching
-backward reads it. A query whose every key is masked gets a zero output and zero gradients.
+``True`` = may attend, broadcastable to (B, H, T_q, T_k); ``bias`` is an additive float score
+bias (ALiBi), also broadcastable, and treated as a constant (no gradient). The cache is
+opaque: only the matching backward reads it. A query whose every key is masked gets a zero
+output and zero gradients.
 
 H_kv = H is multi-head attention. H_kv < H is grouped-query attention (Ainslie et al. 2023):
 the H query heads fall into H_kv groups of G = H / H_kv consecutive heads, and every head of

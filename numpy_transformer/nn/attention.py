@@ -101,8 +101,9 @@ class MultiHeadAttention(Module):
     Checkpoints", 2023.
     """
 
-    def __init__(self, width: int, heads: int, *, kv_heads: int | None = None, rope: bool = False, alibi: bool = False,
-                 max_len: int | None = None, bias: bool = True,
+    def __init__(self, width: int, heads: int, *, kv_heads: int | None = None,
+                 rope: bool = False, alibi: bool = False, max_len: int | None = None,
+                 bias: bool = True,
                  backend: str | Backend = DEFAULT_BACKEND, keep_weights: bool = False,
                  dtype=np.float64,
                  rng: np.random.Generator | None = None) -> None:
