@@ -85,6 +85,10 @@ ATTENTION = {
     "cross padded": dict(cross=True, mask="padding"),
     "rope causal, no bias": dict(rope=True, mask="causal", bias=False),
     "cross, no bias": dict(cross=True, bias=False),
+    # grouped-query: 4 query heads read 2 kv heads (two groups, so the order h // G counts)
+    "grouped-query rope causal": dict(heads=4, kv_heads=2, rope=True, mask="causal"),
+    "grouped-query cross padded": dict(heads=4, kv_heads=2, cross=True, mask="padding"),
+    "multi-query alibi causal": dict(heads=4, kv_heads=1, alibi=True, mask="causal"),
 }
 
 
@@ -92,7 +96,8 @@ ATTENTION = {
 @pytest.mark.parametrize("case", list(ATTENTION))
 def test_attention(case, dtype):
     opts = ATTENTION[case]
-    attn = nn.MultiHeadAttention(C, H, rope=opts.get("rope", False),
+    attn = nn.MultiHeadAttention(C, opts.get("heads", H), kv_heads=opts.get("kv_heads"),
+                                 rope=opts.get("rope", False),
                                  alibi=opts.get("alibi", False), max_len=9,
                                  bias=opts.get("bias", True), dtype=dtype, rng=rng(),
                                  backend=REF)
@@ -144,6 +149,9 @@ VARIANTS = {
     "postLN-layernorm-relu-learned-nobias-tied": dict(norm_first=False, activation="relu",
                                                       positions="learned", bias=False,
                                                       tie_embeddings=True),
+    "preLN-rmsnorm-swiglu-rope-nobias-gqa": dict(norm="rmsnorm", activation="swiglu",
+                                                 positions="rope", bias=False, heads=4,
+                                                 kv_heads=2),
 }
 V = 13
 
@@ -169,10 +177,10 @@ FAMILY_VARIANTS = [(family, variant) for family in ("EncoderClassifier", "Decode
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("family, variant", FAMILY_VARIANTS)
 def test_model(family, variant, dtype):
-    opts = dict(VARIANTS[variant])
+    opts = {"heads": H, **VARIANTS[variant]}
     if family == "EncoderClassifier":
         opts["num_classes"] = 4
-    cfg = nn.TransformerConfig(vocab=V, width=C, heads=H, layers=2, ffn_width=F, max_len=9,
+    cfg = nn.TransformerConfig(vocab=V, width=C, layers=2, ffn_width=F, max_len=9,
                                dtype=dtype, seed=1, **opts)
     model = getattr(nn, family)(cfg)
     _randomise_gains(model)

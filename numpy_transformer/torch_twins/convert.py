@@ -34,7 +34,8 @@ def _norm_name(norm) -> str:
 
 def _block_kwargs(block) -> dict:
     attn = block.attn
-    return dict(norm=_norm_name(block.norm1), activation=block.ffn.activation,
+    return dict(kv_heads=attn.kv_heads, norm=_norm_name(block.norm1),
+                activation=block.ffn.activation,
                 norm_first=block.norm_first, dropout=block.drop1.p, rope=attn.rope,
                 alibi=attn.alibi, max_len=attn.max_len, bias=attn.bias)
 
@@ -79,7 +80,8 @@ def build_twin(module: ours.Module) -> nn.Module:
         width, hidden = module.up.params["w"].shape
         return modules.FeedForward(width, hidden, module.activation, "b" in module.up.params)
     if isinstance(module, ours.MultiHeadAttention):
-        return modules.MultiHeadAttention(module.width, module.heads, rope=module.rope,
+        return modules.MultiHeadAttention(module.width, module.heads,
+                                          kv_heads=module.kv_heads, rope=module.rope,
                                           alibi=module.alibi, max_len=module.max_len,
                                           bias=module.bias)
     if isinstance(module, ours.SinusoidalPositions):

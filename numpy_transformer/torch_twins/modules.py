@@ -45,15 +45,24 @@ class FeedForward(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-    """Separate q/k/v/out projections; optional RoPE or ALiBi; our mask convention."""
+    """Separate q/k/v/out projections; optional RoPE or ALiBi; our mask convention.
 
-    def __init__(self, width: int, heads: int, *, rope: bool = False, alibi: bool = False,
-                 max_len: int | None = None, bias: bool = True) -> None:
+    With ``kv_heads`` < ``heads`` (grouped-query attention) k_proj and v_proj are
+    (kv_heads D, C), and each kv head is repeated for its group with
+    ``torch.repeat_interleave``: autograd, not our hand-written sum, then adds the group's
+    gradients.
+    """
+
+    def __init__(self, width: int, heads: int, *, kv_heads: int | None = None,
+                 rope: bool = False, alibi: bool = False, max_len: int | None = None,
+                 bias: bool = True) -> None:
         super().__init__()
         self.heads, self.rope, self.alibi = heads, rope, alibi
+        self.kv_heads = heads if kv_heads is None else kv_heads
+        kv_width = self.kv_heads * (width // heads)
         self.q_proj = nn.Linear(width, width, bias=bias)
-        self.k_proj = nn.Linear(width, width, bias=bias)
-        self.v_proj = nn.Linear(width, width, bias=bias)
+        self.k_proj = nn.Linear(width, kv_width, bias=bias)
+        self.v_proj = nn.Linear(width, kv_width, bias=bias)
         self.out_proj = nn.Linear(width, width, bias=bias)
         if rope:
             cos, sin = rope_tables(max_len, width // heads)
@@ -62,13 +71,15 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x, context=None, mask=None):
         src = x if context is None else context
-        (b, t_q, c), t_k, h = x.shape, src.shape[1], self.heads
+        (b, t_q, c), t_k, h, h_kv = x.shape, src.shape[1], self.heads, self.kv_heads
         q = self.q_proj(x).view(b, t_q, h, c // h).transpose(1, 2)  # (B, H, T_q, D)
-        k = self.k_proj(src).view(b, t_k, h, c // h).transpose(1, 2)
-        v = self.v_proj(src).view(b, t_k, h, c // h).transpose(1, 2)
+        k = self.k_proj(src).view(b, t_k, h_kv, c // h).transpose(1, 2)  # (B, H_kv, T_k, D)
+        v = self.v_proj(src).view(b, t_k, h_kv, c // h).transpose(1, 2)
         if self.rope:
             cos, sin = self.rope_cos[:t_q].to(x.dtype), self.rope_sin[:t_q].to(x.dtype)
             q, k = rope(q, cos, sin), rope(k, cos, sin)
+        # query head i reads kv head i // (H / H_kv): (B, H, T_k, D)
+        k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
         bias = alibi_bias(h, t_q, t_k, x.dtype) if self.alibi else None
         o = sdpa(q, k, v, mask, bias)  # (B, H, T_q, D)
         return self.out_proj(o.transpose(1, 2).reshape(b, t_q, c))
@@ -118,14 +129,14 @@ def make_norm(norm: str, width: int) -> nn.Module:
 class EncoderBlock(nn.Module):
     """Pre-LN or post-LN: self-attention, then the feed-forward network, each with a residual."""
 
-    def __init__(self, width, heads, ffn_width, *, norm="layernorm", activation="gelu",
-                 norm_first=True, dropout=0.0, rope=False, alibi=False, max_len=None,
-                 bias=True) -> None:
+    def __init__(self, width, heads, ffn_width, *, kv_heads=None, norm="layernorm",
+                 activation="gelu", norm_first=True, dropout=0.0, rope=False, alibi=False,
+                 max_len=None, bias=True) -> None:
         super().__init__()
         self.norm_first = norm_first
         self.norm1 = make_norm(norm, width)
-        self.attn = MultiHeadAttention(width, heads, rope=rope, alibi=alibi, max_len=max_len,
-                                       bias=bias)
+        self.attn = MultiHeadAttention(width, heads, kv_heads=kv_heads, rope=rope, alibi=alibi,
+                                       max_len=max_len, bias=bias)
         self.drop1 = nn.Dropout(dropout)
         self.norm2 = make_norm(norm, width)
         self.ffn = FeedForward(width, ffn_width, activation, bias)
@@ -142,18 +153,18 @@ class EncoderBlock(nn.Module):
 class DecoderBlock(nn.Module):
     """Causal self-attention, optional cross-attention to a memory, the feed-forward network."""
 
-    def __init__(self, width, heads, ffn_width, *, cross=False, norm="layernorm",
-                 activation="gelu", norm_first=True, dropout=0.0, rope=False, alibi=False,
-                 max_len=None, bias=True) -> None:
+    def __init__(self, width, heads, ffn_width, *, kv_heads=None, cross=False,
+                 norm="layernorm", activation="gelu", norm_first=True, dropout=0.0, rope=False,
+                 alibi=False, max_len=None, bias=True) -> None:
         super().__init__()
         self.norm_first, self.cross = norm_first, cross
         self.norm1 = make_norm(norm, width)
-        self.attn = MultiHeadAttention(width, heads, rope=rope, alibi=alibi, max_len=max_len,
-                                       bias=bias)
+        self.attn = MultiHeadAttention(width, heads, kv_heads=kv_heads, rope=rope, alibi=alibi,
+                                       max_len=max_len, bias=bias)
         self.drop1 = nn.Dropout(dropout)
         if cross:
             self.cross_norm = make_norm(norm, width)
-            self.cross_attn = MultiHeadAttention(width, heads, bias=bias)
+            self.cross_attn = MultiHeadAttention(width, heads, kv_heads=kv_heads, bias=bias)
             self.cross_drop = nn.Dropout(dropout)
         self.norm2 = make_norm(norm, width)
         self.ffn = FeedForward(width, ffn_width, activation, bias)
@@ -184,7 +195,8 @@ ATTENTION_POSITIONS = ("rope", "alibi")
 
 
 def _block_options(c: TransformerConfig) -> dict:
-    return dict(norm=c.norm, activation=c.activation, norm_first=c.norm_first,
+    return dict(kv_heads=c.kv_heads, norm=c.norm, activation=c.activation,
+                norm_first=c.norm_first,
                 dropout=c.dropout, rope=c.positions == "rope", alibi=c.positions == "alibi",
                 max_len=c.max_len, bias=c.bias)
 
