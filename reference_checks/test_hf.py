@@ -29,17 +29,20 @@ SHAPES = {
                   tie_embeddings=True),
     "llama-untied": dict(positions="rope", norm="rmsnorm", activation="swiglu", bias=False,
                          tie_embeddings=False),
+    # grouped-query attention: 4 query heads read 2 kv heads (num_key_value_heads=2)
+    "llama-gqa": dict(positions="rope", norm="rmsnorm", activation="swiglu", bias=False,
+                      tie_embeddings=False, heads=4, kv_heads=2),
 }
 CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
-           "llama-untied": "LlamaForCausalLM"}
+           "llama-untied": "LlamaForCausalLM", "llama-gqa": "LlamaForCausalLM"}
 
 
 def make_model(shape: str, dtype: str = "float32", scale: float = 1.0) -> DecoderLM:
     """A 2-layer model of the shape, gains and shifts moved off their init; ``scale`` shrinks
     the embeddings so that the norms' epsilon dominates their variance."""
-    cfg = TransformerConfig(vocab=TOKENIZER.vocab_size, width=16, heads=2, layers=2,
-                            ffn_width=24, max_len=24, dtype=dtype, backend="numpy", seed=5,
-                            **SHAPES[shape])
+    cfg = TransformerConfig(**{**dict(vocab=TOKENIZER.vocab_size, width=16, heads=2, layers=2,
+                                      ffn_width=24, max_len=24, dtype=dtype, backend="numpy",
+                                      seed=5), **SHAPES[shape]})
     model = DecoderLM(cfg)
     r = np.random.default_rng(0)
     for name, p, _ in model.named_parameters():
@@ -181,7 +184,7 @@ def test_import_refuses_what_we_do_not_have(tmp_path):
     path = tmp_path / "config.json"
     original = json.loads(path.read_text())
     for change, message in (
-            (dict(num_key_value_heads=1), "num_key_value_heads=1 (ours: 2)"),
+            (dict(num_key_value_heads=3), "kv_heads=3 does not divide heads=2"),
             (dict(hidden_act="gelu"), "hidden_act='gelu' (ours: 'silu')"),
             (dict(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}),
              "rope_parameters="),

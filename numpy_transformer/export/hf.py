@@ -19,6 +19,7 @@ tie_embeddings            True                        either
 bias                      True                        False
 embed_scale               False                       False
 dropout                   any (resid/embd_pdrop)      0
+kv_heads                  None (multi-head)           any (``num_key_value_heads``)
 ========================  ==========================  =====================================
 
 Where the two conventions differ, the export converts:
@@ -31,6 +32,9 @@ Where the two conventions differ, the export converts:
   into the other: feature 2i becomes feature i and 2i+1 becomes i + D/2 in both queries and
   keys, and q . k is a sum over features, the same in any order. Values and outputs keep
   their order.
+* **Grouped-query attention.** ``num_key_value_heads`` is our ``kv_heads``, and both read kv
+  head h // (H / H_kv) for query head h (``transformers``' ``repeat_kv``): k_proj and v_proj
+  are (H_kv D, C), k_proj's rows reordered per kv head as above.
 * **Epsilons.** GPT-2's ``layer_norm_epsilon`` is our LayerNorm's eps; LLaMA's
   ``rms_norm_eps`` is our RMSNorm's, which is ``np.finfo(dtype).eps`` (as
   ``torch.nn.RMSNorm(eps=None)``). ``LlamaRMSNorm`` normalises in float32 whatever the dtype,
@@ -59,7 +63,8 @@ from .safetensors_file import Exported, check_dtypes, read_header, read_tensors,
 ROPE_THETA = 10000.0  # the base of functional.positional.rope_tables, which attention uses
 FAMILIES = {  # the config fields that make a DecoderLM one of the two architectures
     "gpt2": dict(positions="learned", norm="layernorm", activation="gelu_tanh",
-                 norm_first=True, tie_embeddings=True, bias=True, embed_scale=False),
+                 norm_first=True, tie_embeddings=True, bias=True, embed_scale=False,
+                 kv_heads=None),
     "llama": dict(positions="rope", norm="rmsnorm", activation="swiglu", norm_first=True,
                   bias=False, embed_scale=False, dropout=0.0),
 }
@@ -142,12 +147,15 @@ def _renames(family: str, config: TransformerConfig) -> list[tuple[str, str, boo
 
 
 def _rope_rows(family: str, config: TransformerConfig) -> dict[str, np.ndarray]:
-    """HF name -> the row order of that tensor (LLaMA's q and k projections)."""
+    """HF name -> the row order of that tensor (LLaMA's q and k projections, of H and H_kv
+    heads)."""
     if family != "llama":
         return {}
-    order = rope_half_order(config.heads, config.width // config.heads)
+    d = config.width // config.heads
+    orders = {"q": rope_half_order(config.heads, d),
+              "k": rope_half_order(config.kv_heads or config.heads, d)}
     return {f"model.layers.{i}.self_attn.{p}_proj.weight": order
-            for i in range(config.layers) for p in "qk"}
+            for i in range(config.layers) for p, order in orders.items()}
 
 
 def to_hf_state(model: ours.DecoderLM, family: str) -> dict[str, np.ndarray]:
@@ -217,7 +225,8 @@ def _hf_config(model: ours.DecoderLM, family: str):
             tie_word_embeddings=True, **common)
     return transformers.LlamaConfig(
         hidden_size=c.width, intermediate_size=c.ffn_width, num_hidden_layers=c.layers,
-        num_attention_heads=c.heads, num_key_value_heads=c.heads, head_dim=c.width // c.heads,
+        num_attention_heads=c.heads, num_key_value_heads=c.kv_heads or c.heads,
+        head_dim=c.width // c.heads,
         max_position_embeddings=c.max_len, hidden_act="silu", attention_bias=False,
         mlp_bias=False, attention_dropout=0.0,
         rms_norm_eps=_norm_eps(model.decoder.final_norm, dtype),
@@ -242,10 +251,12 @@ def _our_config(hf, dtype: str, backend: str | None) -> tuple[TransformerConfig,
         fields = dict(vocab=hf.vocab_size, width=hf.hidden_size, heads=hf.num_attention_heads,
                       layers=hf.num_hidden_layers, ffn_width=hf.intermediate_size,
                       max_len=hf.max_position_embeddings,
-                      tie_embeddings=hf.tie_word_embeddings)
+                      tie_embeddings=hf.tie_word_embeddings,
+                      # as many kv heads as heads is multi-head attention: ours None
+                      kv_heads=None if hf.num_key_value_heads == hf.num_attention_heads
+                      else hf.num_key_value_heads)
         rope = dict(hf.rope_parameters or {})
         needs = dict(hidden_act=("silu",), attention_bias=(False,), mlp_bias=(False,),
-                     num_key_value_heads=(hf.num_attention_heads,),
                      head_dim=(hf.hidden_size // hf.num_attention_heads,),
                      pretraining_tp=(1,), attention_dropout=(0.0,))
         if rope.get("rope_type", "default") != "default" or rope.get("rope_theta") != ROPE_THETA:
