@@ -202,6 +202,8 @@ CLI_FLAGS = {"gpt2": ["--positions", "learned", "--activation", "gelu_tanh",
                       "--tie-embeddings", "--no-embed-scale"],
              "llama": ["--positions", "rope", "--norm", "rmsnorm", "--activation", "swiglu",
                        "--no-bias", "--no-embed-scale"]}
+CLI_FLAGS["llama-gqa"] = [*CLI_FLAGS["llama"], "--heads", "4", "--kv-heads", "2"]
+KV_HEADS = {"gpt2": None, "llama": 2, "llama-gqa": 2}  # num_key_value_heads written
 
 
 @pytest.mark.parametrize("shape", list(CLI_FLAGS))
@@ -212,10 +214,12 @@ def test_a_command_line_run_exports_to_transformers(tmp_path, shape, capsys):
     text = tmp_path / "text.txt"
     text.write_text(TEXT * 40, encoding="utf-8")
     run = tmp_path / "run"
-    assert cli.main(["train", *CLI_FLAGS[shape], "--width", "16", "--heads", "2", "--layers",
-                     "1", "--ffn-width", "24", "--context", "16", "--batch", "4", "--steps",
-                     "3", "--text", str(text), "--out", str(run), "--quiet"]) == 0
+    assert cli.main(["train", "--width", "16", "--heads", "2", "--layers", "1", "--ffn-width",
+                     "24", "--context", "16", "--batch", "4", "--steps", "3", *CLI_FLAGS[shape],
+                     "--text", str(text), "--out", str(run), "--quiet"]) == 0
     assert cli.main(["export", str(run), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert written.get("num_key_value_heads") == KV_HEADS[shape]
     ours, tokenizer, _ = model_from_checkpoint(run / "checkpoint.npz")
     ids = tokenizer.encode(TEXT[:12])[None]
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")

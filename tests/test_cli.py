@@ -266,6 +266,8 @@ BAD_ARGS = {
     "dropout one": (["train", "--dropout", "1"], "[0, 1)"),
     "negative clip": (["train", "--clip", "-1"], "number >= 0"),
     "heads do not divide": (["train", "--width", "30", "--heads", "4"], "does not divide"),
+    "kv heads do not divide": (["train", "--kv-heads", "3"], "kv_heads=3 does not divide "
+                                                             "heads=4"),
     "odd sinusoidal width": (["train", "--width", "15", "--heads", "3"], "even width"),
     "odd rope head": (["train", "--positions", "rope", "--width", "18", "--heads", "6"],
                       "rope needs an even head width"),

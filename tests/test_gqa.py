@@ -9,11 +9,15 @@ head's weights repeated for its group.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from _run_helpers import TINY, run_cli, small_text
 
 from numpy_transformer import functional as F
 from numpy_transformer import nn
+from numpy_transformer.checkpoint import load_checkpoint
 from numpy_transformer.functional import attention as ref
 from numpy_transformer.gradcheck import check_module, check_op
 from numpy_transformer.kernels import attention as ker
@@ -187,3 +191,18 @@ def test_the_config_refuses_kv_heads_that_do_not_divide_the_heads(kv_heads, mess
                              ffn_width=16, max_len=6).validate()
     with pytest.raises(ValueError, match=message):
         nn.MultiHeadAttention(8, 4, kv_heads=kv_heads)
+
+
+def test_a_command_line_run_trains_samples_and_resumes_with_kv_heads(tmp_path):
+    run = tmp_path / "run"
+    flags = [*TINY, "--heads", "4", "--kv-heads", "2", "--text", small_text(tmp_path)]
+    code, _, err = run_cli(["train", *flags, "--steps", "2", "--out", run, "--quiet"])
+    assert code == 0, err
+    assert json.loads((run / "config.json").read_text())["config"]["kv_heads"] == 2
+    params = load_checkpoint(run / "checkpoint.npz").params
+    assert params["decoder.blocks.0.attn.wk"].shape == (16, 8)  # (C, H_kv D), D = 16 / 4
+    code, out, err = run_cli(["sample", run, "--length", "20"])  # cached decoding
+    assert code == 0 and out, err
+    code, _, err = run_cli(["train", "--resume", run, "--steps", "3", "--quiet"])
+    assert code == 0, err
+    assert load_checkpoint(run / "checkpoint.npz").step == 3
