@@ -157,7 +157,7 @@ OPTIONS = (
            default=4),
     Option("kv_heads", TRANSFORMER, "heads of the keys and values, must divide --heads; fewer "
            "is grouped-query attention, as LLaMA 3", "config", POSITIVE_INT,
-           metavar="K", shown={None: "--heads"},
+           metavar="K", shown={None: "as many as --heads"},
            since=(4, None)),  # runs written before it had one kv head per query head
     Option("ffn_width", TRANSFORMER, "feed-forward hidden width", "config", POSITIVE_INT,
            default=168, overrides={"task": 128}),

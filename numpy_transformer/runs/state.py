@@ -234,7 +234,8 @@ class Run:
             layers = f"{c.layers} LSTM layer{'s' if c.layers > 1 else ''}"
             return (f"{head}, embedding {c.embed_width}, {layers} of {c.hidden}, context "
                     f"{c.max_len}, {c.dtype}, {c.backend} recurrence")
-        return (f"{head}, width {c.width}, {c.heads} heads, {c.layers} layers, FFN "
+        kv = f" ({c.kv_heads} of keys and values)" if c.kv_heads else ""
+        return (f"{head}, width {c.width}, {c.heads} heads{kv}, {c.layers} layers, FFN "
                 f"{c.ffn_width} {c.activation}, {c.positions} positions, context {c.max_len}, "
                 f"{c.dtype}, {c.backend} attention")
 
