@@ -19,11 +19,11 @@ FAMILIES = ["EncoderClassifier", "DecoderLM", "EncoderDecoder"]
 
 
 def make(family, variant, dtype="float64", seed=1):
-    opts = dict(VARIANTS[variant])
+    opts = {"heads": 2, **VARIANTS[variant]}
     if family == "EncoderClassifier":
         opts.pop("tie_embeddings", None)
         opts["num_classes"] = 4
-    cfg = nn.TransformerConfig(vocab=13, width=8, heads=2, layers=2, ffn_width=12, max_len=9,
+    cfg = nn.TransformerConfig(vocab=13, width=8, layers=2, ffn_width=12, max_len=9,
                                dtype=dtype, seed=seed, **opts)
     return getattr(nn, family)(cfg)
 
