@@ -170,3 +170,25 @@ def test_sdpa(dtype, backend, mask_kind):
     forward, backward = ops.sdpa_forward, ops.sdpa_backward
     check_op(f"attention ({backend})", forward, backward, twins.sdpa,
              {"q": q, "k": k, "v": v}, dtype, consts=(mask, bias))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "random", "padding"])
+def test_grouped_query_sdpa(dtype, backend, mask_kind):
+    """6 query heads read 3 kv heads: both backends against torch's own grouped-query
+    attention, ``F.scaled_dot_product_attention(..., enable_gqa=True)`` (same mask
+    convention, True = may attend; no fully masked row, where torch gives NaN)."""
+    rng = np.random.default_rng(2)
+    b, h, h_kv, t_q, t_k, d = 2, 6, 3, 4, 5, 6
+    q = randn(rng, (b, h, t_q, d), dtype)
+    k, v = (randn(rng, (b, h_kv, t_k, d), dtype) for _ in range(2))
+    mask = _masks(rng, b, h, t_q, t_k)[mask_kind]
+    ops = get_backend(backend)
+
+    def theirs(q, k, v, mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                enable_gqa=True)
+
+    check_op(f"grouped-query attention ({backend})", ops.sdpa_forward, ops.sdpa_backward,
+             theirs, {"q": q, "k": k, "v": v}, dtype, consts=(mask,))
