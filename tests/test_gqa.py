@@ -128,6 +128,23 @@ def test_the_kernel_matches_the_reference(kind, kv_heads, dtype):
         assert not grads_k[1][1, :, 3:].any() and not grads_k[2][1, :, 3:].any()
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_kernel_matches_over_several_query_blocks(dtype):
+    """Three query blocks of the kernel and one batch entry of two heads: the backward then
+    splits each head's keys into chunks (with two threads or more) before the group sum."""
+    rng = np.random.default_rng(9)
+    t = 2 * 128 + 3
+    q = rng.normal(size=(1, 2, t, D)).astype(dtype)
+    k, v = (rng.normal(size=(1, 1, t, D)).astype(dtype) for _ in range(2))
+    g = rng.normal(size=q.shape).astype(dtype)
+    mask = F.causal_mask(t)
+    (out_r, cache_r), (out_k, cache_k) = (m.sdpa_forward(q, k, v, mask) for m in (ref, ker))
+    for name, a, b in zip(("out", "dq", "dk", "dv"),
+                          (out_k, *ker.sdpa_backward(g, cache_k)),
+                          (out_r, *ref.sdpa_backward(g, cache_r)), strict=True):
+        assert rel_err(a, b) <= KERNEL_TOL[dtype], f"{name}: {rel_err(a, b):.2e}"
+
+
 def _gqa_model(backend: str, dtype: str = "float64", **kw) -> nn.DecoderLM:
     return nn.DecoderLM(nn.TransformerConfig(**{
         **dict(vocab=7, width=8, heads=4, kv_heads=2, layers=2, ffn_width=16, max_len=6,
