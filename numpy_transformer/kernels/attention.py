@@ -46,7 +46,12 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from ..functional.attention import check_attention_inputs, check_sdpa_grads
+from ..functional.attention import (
+    check_attention_inputs,
+    check_sdpa_grads,
+    repeat_kv,
+    repeat_kv_backward,
+)
 from ..threads import blas_on_calling_thread
 from ._attention_kernels import _BLOCK_Q, _sdpa_backward_kernel, _sdpa_forward_kernel
 from ._attention_masks import _analyse_mask, _flat_with_strides
@@ -85,10 +90,11 @@ def _writeable(x: np.ndarray) -> np.ndarray:
 def _own_heads(x: np.ndarray, heads: int) -> np.ndarray:
     """(0) A C-contiguous copy of x (B, H_kv, T, D) with one head per query head, (B, H, T, D).
 
-    The cache owns the copy; with H_kv = H it is a plain copy of x.
+    The cache owns it: the reference's ``repeat_kv`` makes a new array, or is x itself when
+    H_kv = H, which is then copied.
     """
-    return np.array(x, order="C") if x.shape[1] == heads else np.repeat(x, heads // x.shape[1],
-                                                                         axis=1)
+    y = repeat_kv(x, heads)
+    return np.array(x, order="C") if y is x else np.ascontiguousarray(y)
 
 
 def _heads_view(b: int, h: int, t: int, d: int, dtype) -> np.ndarray:
@@ -228,10 +234,9 @@ def sdpa_backward(dout, cache: SDPAKernelCache):
 
 
 def _group_sum(dx: np.ndarray, kv_heads: int) -> np.ndarray:
-    """(0) k_h = k[h // G]  =>  dk_j = sum of dk_h over the G query heads of group j.
-
-    dx (B, H, T, D) -> (B, H_kv, T, D), written as a view of (B, T, H_kv, D) memory.
-    """
-    b, h, t, d = dx.shape
+    """(0) k_h = k[h // G]  =>  the reference's ``repeat_kv_backward``: dk_j sums the G query
+    heads of group j. dx (B, H, T, D) -> (B, H_kv, T, D), a view of (B, T, H_kv, D) memory."""
+    b, _, t, d = dx.shape
     out = _heads_view(b, kv_heads, t, d, dx.dtype)
-    return np.sum(dx.reshape(b, kv_heads, h // kv_heads, t, d), axis=2, out=out)
+    out[...] = repeat_kv_backward(dx, kv_heads)
+    return out
