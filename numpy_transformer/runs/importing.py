@@ -19,24 +19,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ..export import load_hf, load_safetensors
+from ..export import load_model
 from ..nn import LSTMLM, DecoderLM
 from .folder import checkpoint_path, new_run_folder
 from .options import MODEL_KEYS, OPTIONS, resolve_options
 from .outputs import UsageError
 from .state import Run
-
-
-def _read_source(source: Path):
-    """The :class:`~numpy_transformer.export.Exported` of a transformers folder (it has a
-    ``config.json``) or of an export (``model.safetensors``, or the folder holding it)."""
-    if source.is_dir() and (source / "config.json").is_file():
-        return load_hf(source)
-    weights = source / "model.safetensors" if source.is_dir() else source
-    if not weights.is_file():
-        raise UsageError(f"{source}: neither a transformers folder (config.json and "
-                         f"model.safetensors) nor an export's model.safetensors")
-    return load_safetensors(weights)
 
 
 def _differ(theirs: str, ours: str) -> str:
@@ -74,7 +62,7 @@ def import_model(source: str | Path, out: str | Path, text: str | None = None,
     """
     source = Path(source)
     try:
-        exported = _read_source(source)
+        exported = load_model(source)
     except ValueError as e:
         raise UsageError(str(e)) from None
     model, tokenizer = exported.model, exported.tokenizer
