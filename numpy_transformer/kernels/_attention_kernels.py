@@ -68,6 +68,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._jit import jit_options
+from ._tiers import tiered
 from .blas import gemm
 from .special import exp_clamped
 
@@ -304,7 +305,7 @@ def _queries_product(e_t, x, out, i0, n, t_q, t_k, causal, fn):
 # Forward
 # ---------------------------------------------------------------------------------------------
 
-@njit(parallel=True, **_JIT)
+@tiered(_JIT)
 def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, bias, bstr,
                          has_bias, n_threads, fn, out, lse):  # pragma: no cover - compiled
     # Equations (1)-(5) of functional/attention.sdpa_forward, one query block per work item.
@@ -364,7 +365,7 @@ def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, b
 # Backward
 # ---------------------------------------------------------------------------------------------
 
-@njit(parallel=True, **_JIT)
+@tiered(_JIT)
 def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, mstr,
                           has_mask, bias, bstr, has_bias, n_threads, n_chunks, fn,
                           dq, dk, dv, dk_part, dv_part):  # pragma: no cover - compiled
