@@ -23,8 +23,8 @@ Which tier runs (:func:`set_tier`)
   the call's types; otherwise its serial tier, compiled or loaded, and the call's signature is
   remembered. At a step boundary (``Trainer.step`` calls :func:`poll`) one background process
   compiles the remembered signatures' parallel tier into the cache (on one thread there is
-  nothing to gain and none starts); once it has ended well, those kernels go parallel at the
-  next step boundary. A second run finds them in the cache and runs parallel from its first
+  nothing to gain and none starts); each kernel goes parallel at the first step boundary
+  after its parallel tier is in the cache. A second run finds them in the cache and runs parallel from its first
   call.
 * ``"serial"``: tier 1 only (the command line's compile workers, ``runs/precompile.py``).
 * ``"parallel"``: tier 2 only, compiled in this process where the cache lacks it (the
@@ -48,6 +48,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import time
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -57,6 +58,7 @@ import numba
 SERIAL, AUTO, PARALLEL = "serial", "auto", "parallel"
 TIERS = (SERIAL, AUTO, PARALLEL)
 SERIAL_SUFFIX = "__serial"
+POLL_SECONDS = 1.0  # how often a step boundary looks for the compiler's finished kernels
 # The background compiler imports this very package, first on its path (not another copy that
 # the working directory may hold: its kernels would go to another cache)
 COMPILER = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); "
@@ -129,15 +131,18 @@ def _index(dispatcher) -> dict:
 def _compile_parallel(dispatcher, compile_any, signature):
     """``dispatcher.compile``: as Numba's (``compile_any``) where the cache holds
     ``signature`` or in ``"parallel"``; else :class:`NotCached`."""
-    if _state.mode == PARALLEL:
+    if _state.mode == PARALLEL or _in_index(dispatcher, signature):
         return compile_any(signature)
+    raise NotCached(signature)
+
+
+def _in_index(dispatcher, signature: tuple) -> bool:
+    """Whether Numba's cache index of ``dispatcher`` holds ``signature``."""
     try:
         key = dispatcher._cache._index_key(signature, dispatcher.targetctx.codegen())
     except Exception:  # noqa: BLE001 - no disk cache to load from
-        key = None
-    if key is not None and key in _index(dispatcher):
-        return compile_any(signature)
-    raise NotCached(signature)
+        return False
+    return key in _index(dispatcher)
 
 
 class _State:
@@ -150,7 +155,8 @@ class _State:
         self.missing: dict[TieredKernel, list[tuple]] = {}  # waiting for the compiler
         self.sent: set[tuple[int, tuple]] = set()  # (id(kernel), signature), sent once
         self.compiler: subprocess.Popen | None = None
-        self.compiling: list[TieredKernel] = []  # what the running compiler compiles
+        self.compiling: dict[TieredKernel, list[tuple]] = {}  # the running compiler's job
+        self.looked = 0.0  # time.monotonic() when the cache was last looked at
         self.failed: str | None = None  # how the last compiler ended, if it failed
 
     def remember(self, kernel: TieredKernel, signature: tuple) -> None:
@@ -185,17 +191,23 @@ def set_background(enabled: bool) -> None:
 
 
 def poll() -> None:
-    """A step boundary: kernels whose parallel tier the background compiler finished go
-    parallel; if signatures are waiting and no compiler runs, one starts."""
+    """A step boundary: kernels whose parallel tier is now in the cache go parallel (looked
+    up at most every ``POLL_SECONDS`` while the background compiler runs, and when it ends);
+    if signatures are waiting and no compiler runs, one starts."""
     compiler = _state.compiler
-    if compiler is not None and compiler.poll() is not None:
-        if compiler.returncode == 0:
-            for kernel in _state.compiling:
-                kernel.active = kernel.parallel  # loads from the cache at its next call
-        else:
-            _state.failed = f"exit status {compiler.returncode}"
-        compiler.stdin.close()
-        _state.compiler, _state.compiling = None, []
+    if compiler is not None:
+        ended = compiler.poll() is not None
+        if ended or time.monotonic() - _state.looked >= POLL_SECONDS:
+            _state.looked = time.monotonic()
+            for kernel, signatures in list(_state.compiling.items()):
+                if all(_in_index(kernel.parallel, s) for s in signatures):
+                    kernel.active = kernel.parallel  # loads from the cache at its next call
+                    del _state.compiling[kernel]
+        if ended:
+            if compiler.returncode != 0:
+                _state.failed = f"exit status {compiler.returncode}"
+            compiler.stdin.close()
+            _state.compiler, _state.compiling = None, {}
     if (_state.compiler is None and _state.missing and _state.mode == AUTO
             and _state.background and _state.failed is None and numba.get_num_threads() > 1):
         _start_compiler()
@@ -223,7 +235,8 @@ def background_compiler() -> subprocess.Popen | None:
 def _start_compiler() -> None:
     """Send the waiting signatures to a new background compiler."""
     job = [(k.__module__, k.__name__, signatures) for k, signatures in _state.missing.items()]
-    _state.compiling = list(_state.missing)
+    _state.compiling = _state.missing
+    _state.looked = time.monotonic()
     _state.sent.update((id(k), s) for k, signatures in _state.missing.items()
                        for s in signatures)
     _state.missing = {}
@@ -242,7 +255,7 @@ def stop_background() -> None:
         compiler.kill()
         compiler.wait()
         compiler.stdin.close()
-        _state.compiler, _state.compiling = None, []
+        _state.compiler, _state.compiling = None, {}
 
 
 atexit.register(stop_background)

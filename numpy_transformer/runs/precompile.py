@@ -22,8 +22,9 @@ The run's numbers do not change: a kernel loaded from the cache is the code the 
 have compiled itself, and the two tiers give the same bits. Whether the cache is cold is read
 from Numba's cache index of the group's largest kernel (the attention's forward, the LSTM's
 backward): no entry there on either tier for the run's dtype means the kernels were never
-compiled on this machine, or the library or Numba changed since. A warm cache costs that one read. On a single core, or when a worker fails,
-the run compiles as it always did, in its first step.
+compiled on this machine, or the library or Numba changed since. A warm cache costs that one
+read. On a single core, or when a worker fails, the run compiles as it always did, in its
+first step (the serial tier there too).
 """
 
 from __future__ import annotations
