@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -103,3 +102,155 @@ def test_a_sum_split_by_thread_is_told_apart():
         numba.set_num_threads(before)
         _tiers.set_tier(_tiers.AUTO)
     assert sums[0] != sums[1]
+
+
+# A module of its own, on a cache of its own: each tier reports which threads ran its items
+THREAD_IDS = '''
+import numba
+import numpy as np
+from numpy_transformer.kernels._jit import jit_options
+from numpy_transformer.kernels._tiers import tiered
+
+
+def _ids(out):
+    for i in numba.prange(out.size):
+        out[i] = numba.get_thread_id()
+
+
+thread_ids = tiered(jit_options())(_ids)
+# the negative control: two dispatchers of one function under one name share its cache entries
+naive = {"parallel": numba.njit(parallel=True, cache=True)(_ids),
+         "serial": numba.njit(cache=True)(_ids)}
+'''
+
+TWO_TIERS = r"""
+import json, sys
+import numba
+import numpy as np
+from numba.core import event
+
+compiled = []
+
+
+class Count(event.Listener):
+    def on_start(self, ev):
+        pass
+
+    def on_end(self, ev):
+        compiled.append(ev.data["dispatcher"].py_func.__qualname__)
+
+
+event.register("numba:compile", Count())
+from numpy_transformer.kernels import _tiers
+from tiny_kernel import naive, thread_ids
+
+numba.set_num_threads(2)
+ran, naive_ran = {}, {}
+for tier in ("serial", "parallel"):
+    _tiers.set_tier(tier)
+    out = np.zeros(1000, np.int64)
+    thread_ids(out)
+    ran[tier] = sorted(set(out.tolist()))
+for tier in ("parallel", "serial"):
+    out = np.zeros(1000, np.int64)
+    naive[tier](out)
+    naive_ran[tier] = sorted(set(out.tolist()))
+print(json.dumps([compiled, ran, naive_ran]))
+"""
+
+
+@needs_two_threads
+def test_the_tiers_keep_separate_cache_entries(tmp_path):
+    (tmp_path / "tiny_kernel.py").write_text(THREAD_IDS)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{PACKAGE_PARENT}",
+           "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run() -> list:
+        proc = subprocess.run([sys.executable, "-c", TWO_TIERS], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    right = {"serial": [0], "parallel": [0, 1]}
+    compiled, ran, naive_ran = run()
+    assert [name for name in compiled if name.startswith("_ids")] == [
+        "_ids__serial", "_ids"]
+    assert ran == right
+    # the second process loads both tiers, each its own
+    compiled, ran, naive_ran = run()
+    assert [name for name in compiled if name.startswith("_ids")] == []
+    assert ran == right
+    # while the naive pair's serial dispatcher, in either process, found the parallel code
+    # under its key and ran it
+    assert naive_ran == {"serial": [0, 1], "parallel": [0, 1]}
+
+
+# The background compiler for real, on the tiny kernel: started at a step boundary, and its
+# end, however it comes, leaves the process running on the serial tier
+BACKGROUND = r"""
+import json, os, signal, sys, time
+import numpy as np
+from numpy_transformer.kernels import _tiers
+from tiny_kernel import thread_ids
+
+if sys.argv[1] == "sleeping":  # a compiler that outlives its parent unless it notices
+    _tiers.COMPILER = ("import sys; from numpy_transformer.kernels._tiers import "
+                       "exit_with_parent; sys.stdin.buffer.readline(); exit_with_parent(); "
+                       "import time; time.sleep(120)")
+out = np.zeros(100, np.int64)
+thread_ids(out)  # auto: the cache lacks the parallel tier, so the serial one runs
+_tiers.poll()  # a step boundary: the compiler starts
+compiler = _tiers.background_compiler()
+print(compiler.pid, _tiers.describe(), flush=True)
+if sys.argv[1] == "sleeping":
+    time.sleep(120)
+compiler.send_signal(signal.SIGTERM)
+compiler.wait()
+_tiers.poll()
+thread_ids(out)
+print(json.dumps([_tiers.describe(), sorted(set(out.tolist()))]))
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie has ended, and awaits its parent
+        return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+@needs_two_threads
+def test_a_terminated_compiler_leaves_the_run_on_the_serial_tier(tmp_path):
+    (tmp_path / "tiny_kernel.py").write_text(THREAD_IDS)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{PACKAGE_PARENT}",
+           "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", BACKGROUND, "terminated"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    first, last = proc.stdout.splitlines()
+    pid, started = first.split(" ", 1)
+    assert started == "kernels: serial, parallel compiling in the background"
+    assert json.loads(last) == ["kernels: serial (the parallel compile failed, exit status "
+                                f"{-signal.SIGTERM})", [0]]
+    assert not _alive(int(pid))
+
+
+@needs_two_threads
+def test_a_compiler_ends_when_its_parent_is_killed(tmp_path):
+    (tmp_path / "tiny_kernel.py").write_text(THREAD_IDS)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{PACKAGE_PARENT}",
+           "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    parent = subprocess.Popen([sys.executable, "-c", BACKGROUND, "sleeping"],
+                              stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        pid = int(parent.stdout.readline().split()[0])
+        assert _alive(pid)
+    finally:
+        parent.kill()  # kill -9: no atexit, no handler
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
