@@ -24,8 +24,8 @@ Which tier runs (:func:`set_tier`)
   remembered. At a step boundary (``Trainer.step`` calls :func:`poll`) one background process
   compiles the remembered signatures' parallel tier into the cache (on one thread there is
   nothing to gain and none starts); each kernel goes parallel at the first step boundary
-  after its parallel tier is in the cache. A second run finds them in the cache and runs parallel from its first
-  call.
+  after its parallel tier is in the cache. A second run finds them in the cache and runs
+  parallel from its first call.
 * ``"serial"``: tier 1 only (the command line's compile workers, ``runs/precompile.py``).
 * ``"parallel"``: tier 2 only, compiled in this process where the cache lacks it (the
   background compiler).

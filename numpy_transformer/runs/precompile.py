@@ -75,8 +75,8 @@ LARGEST = {"transformer": ("attention", "_sdpa_forward_kernel"),
 WORKER_BYTES = 400 * 2**20
 # A worker imports this very package, first on its path: not another copy that the working
 # directory may hold (its kernels would go to another cache).
-WORKER = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); "
-          f"from {__name__} import work; work(json.loads(sys.stdin.readline()))")
+WORKER = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); "
+          f"from {__name__} import work_from_stdin; work_from_stdin()")
 
 
 def is_cached(model: str, dtype: str) -> bool:
@@ -158,14 +158,23 @@ def worker_job(run: Run) -> dict:
     return {"config": fields, "options": {**run.options, "steps": 1}}
 
 
+def work_from_stdin() -> None:
+    """A worker process: :func:`work` on the job of its standard input's first line, ended
+    as soon as the pipe closes (this process's parent died, by any signal)."""
+    from ..kernels._tiers import exit_with_parent
+
+    job = json.loads(sys.stdin.readline())
+    exit_with_parent()
+    work(job)
+
+
 def work(job: dict) -> None:
     """One worker's job (:func:`worker_job`), on the kernels of ``NUMPY_TRANSFORMER_KERNELS``
     (the rest on the references): what the run calls, the run's first step, an evaluation
     forward and, for a language model, the report's sample (one new row at a time). The
     kernels compile their serial tier, the run's first (``kernels/_tiers.py``)."""
-    from ..kernels._tiers import SERIAL, exit_with_parent, set_tier
+    from ..kernels._tiers import SERIAL, set_tier
 
-    exit_with_parent()
     set_tier(SERIAL)
     run = Run(job["config"], job["options"])
     batch = run.batch(0)
