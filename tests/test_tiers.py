@@ -77,6 +77,29 @@ def test_a_switch_at_any_step_gives_the_same_weights(model_name):
     assert len(set(hashes.values())) == 1, hashes
 
 
+@needs_two_threads
+def test_the_attention_backward_gives_the_same_bits_on_any_thread_count_and_tier():
+    # one (batch, head) pair and three query blocks: the backward splits the head into chunks,
+    # as many on one thread as on two
+    from numpy_transformer.functional.masks import causal_mask
+    from numpy_transformer.kernels.attention import sdpa_backward, sdpa_forward
+
+    rng = np.random.default_rng(1)
+    q, k, v, dout = (rng.standard_normal((1, 2, 300, 8)).astype(np.float32) for _ in range(4))
+    before = numba.get_num_threads()
+    grads = []
+    try:
+        for tier, threads in ((_tiers.SERIAL, 1), (_tiers.PARALLEL, 1), (_tiers.PARALLEL, 2)):
+            _tiers.set_tier(tier)
+            numba.set_num_threads(threads)
+            _, cache = sdpa_forward(q, k, v, causal_mask(300))
+            grads.append(weights_hash(sdpa_backward(dout, cache)))
+    finally:
+        numba.set_num_threads(before)
+        _tiers.set_tier(_tiers.AUTO)
+    assert len(set(grads)) == 1
+
+
 # A reduction over prange, which Numba splits by thread: each thread sums its share, then the
 # shares are added. The negative control of the test above: its hash must tell the tiers apart.
 @_tiers.tiered({"nogil": True})

@@ -40,12 +40,14 @@ Any other boolean mask is read element by element.
 The forward pass runs in parallel over (batch, query block, head) items. The backward pass runs
 in parallel over (batch, chunk, head) items, where each item owns private dk and dv
 accumulators, so no two threads ever add into the same memory; a head is split into several
-chunks of query blocks only when there are too few heads to keep every thread busy, and the
-chunks' partial sums are added at the end. Work items are handed out H at a time
-(``numba.parallel_chunksize(H)``): one thread then writes all heads of a row, which sit side
-by side in the (B, T, H, D) outputs (two threads writing alternate heads fought over the
-same cache lines), and the long rows at the bottom of a causal triangle do not all land on
-one thread.
+chunks of query blocks only when there are few (batch, head) pairs (fewer than
+``attention._BACKWARD_ITEMS``: a count of the shape, never of the threads), and the chunks'
+partial sums are added at the end, in order. So both passes give the same bits on any number of
+threads, and serial and parallel alike (``kernels/_tiers.py``). Work items are handed out H at
+a time (``numba.parallel_chunksize(H)``): one thread then writes all heads of a row, which sit
+side by side in the (B, T, H, D) outputs (two threads writing alternate heads fought over the
+same cache lines), and the long rows at the bottom of a causal triangle do not all land on one
+thread.
 
 ``exp`` is written out (``special.exp_clamped``) because without Intel's SVML library Numba
 calls libm's scalar ``exp`` once per element, which would dominate the run time for small
