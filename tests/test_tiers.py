@@ -135,15 +135,15 @@ from numpy_transformer.kernels._jit import jit_options
 from numpy_transformer.kernels._tiers import tiered
 
 
-def _ids(out):
+@tiered(jit_options())
+def thread_ids(out):
     for i in numba.prange(out.size):
         out[i] = numba.get_thread_id()
 
 
-thread_ids = tiered(jit_options())(_ids)
 # the negative control: two dispatchers of one function under one name share its cache entries
-naive = {"parallel": numba.njit(parallel=True, cache=True)(_ids),
-         "serial": numba.njit(cache=True)(_ids)}
+naive = {"parallel": numba.njit(parallel=True, cache=True)(thread_ids.__wrapped__),
+         "serial": numba.njit(cache=True)(thread_ids.__wrapped__)}
 '''
 
 TWO_TIERS = r"""
@@ -196,12 +196,12 @@ def test_the_tiers_keep_separate_cache_entries(tmp_path):
 
     right = {"serial": [0], "parallel": [0, 1]}
     compiled, ran, naive_ran = run()
-    assert [name for name in compiled if name.startswith("_ids")] == [
-        "_ids__serial", "_ids"]
+    assert [name for name in compiled if name.startswith("thread_ids")] == [
+        "thread_ids__serial", "thread_ids"]
     assert ran == right
     # the second process loads both tiers, each its own
     compiled, ran, naive_ran = run()
-    assert [name for name in compiled if name.startswith("_ids")] == []
+    assert [name for name in compiled if name.startswith("thread_ids")] == []
     assert ran == right
     # while the naive pair's serial dispatcher, in either process, found the parallel code
     # under its key and ran it
@@ -277,3 +277,62 @@ def test_a_compiler_ends_when_its_parent_is_killed(tmp_path):
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(pid)
+
+
+SWITCH = r"""
+import json, sys
+import numba
+import numpy as np
+from numba.core import event
+from numpy_transformer.kernels import _tiers
+from tiny_kernel import thread_ids
+
+compiled = []
+
+
+class Count(event.Listener):
+    def on_start(self, ev):
+        pass
+
+    def on_end(self, ev):
+        compiled.append(ev.data["dispatcher"].py_func.__qualname__)
+
+
+event.register("numba:compile", Count())
+numba.set_num_threads(2)
+
+
+def ran() -> list:
+    out = np.zeros(1000, np.int64)
+    thread_ids(out)
+    return sorted(set(out.tolist()))
+
+
+seen = [ran()]  # auto: the serial tier where the cache lacks the parallel one
+_tiers.poll()  # a step boundary: the compiler starts, if the cache lacks the parallel tier
+compiler = _tiers.background_compiler()
+if compiler is not None:
+    compiler.wait()
+    seen.append(ran())  # no step boundary yet: still serial
+_tiers.poll()  # the tier is in the cache: the kernel switches
+seen.append(ran())
+print(json.dumps([seen, _tiers.describe(), [c for c in compiled if c.startswith("thread_ids")]]))
+"""
+
+
+@needs_two_threads
+def test_the_kernel_switches_at_the_step_boundary_after_its_tier_is_cached(tmp_path):
+    (tmp_path / "tiny_kernel.py").write_text(THREAD_IDS)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{PACKAGE_PARENT}",
+           "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run() -> list:
+        proc = subprocess.run([sys.executable, "-c", SWITCH], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    # the parallel tier compiled in the background process, not in this one
+    assert run() == [[[0], [0], [0, 1]], "kernels: parallel", ["thread_ids__serial"]]
+    # a second run loads the parallel tier at its first call, and compiles nothing
+    assert run() == [[[0, 1], [0, 1]], "kernels: parallel", []]

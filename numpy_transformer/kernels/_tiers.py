@@ -47,6 +47,7 @@ import os
 import pickle
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import types
@@ -155,6 +156,7 @@ class _State:
         self.missing: dict[TieredKernel, list[tuple]] = {}  # waiting for the compiler
         self.sent: set[tuple[int, tuple]] = set()  # (id(kernel), signature), sent once
         self.compiler: subprocess.Popen | None = None
+        self.errors = None  # the compiler's standard error, a temporary file
         self.compiling: dict[TieredKernel, list[tuple]] = {}  # the running compiler's job
         self.looked = 0.0  # time.monotonic() when the cache was last looked at
         self.failed: str | None = None  # how the last compiler ended, if it failed
@@ -205,9 +207,11 @@ def poll() -> None:
                     del _state.compiling[kernel]
         if ended:
             if compiler.returncode != 0:
-                _state.failed = f"exit status {compiler.returncode}"
-            compiler.stdin.close()
-            _state.compiler, _state.compiling = None, {}
+                _state.errors.seek(0)
+                last = _state.errors.read().decode(errors="replace").strip().splitlines()[-1:]
+                _state.failed = f"exit status {compiler.returncode}" + "".join(
+                    f": {line}" for line in last)
+            _end_compiler()
     if (_state.compiler is None and _state.missing and _state.mode == AUTO
             and _state.background and _state.failed is None and numba.get_num_threads() > 1):
         _start_compiler()
@@ -240,9 +244,10 @@ def _start_compiler() -> None:
     _state.sent.update((id(k), s) for k, signatures in _state.missing.items()
                        for s in signatures)
     _state.missing = {}
+    _state.errors = tempfile.TemporaryFile()  # a pipe could fill
     # a session of its own: Ctrl-C at the terminal reaches this process only
     _state.compiler = subprocess.Popen([sys.executable, "-c", COMPILER], stdin=subprocess.PIPE,
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                       stdout=subprocess.DEVNULL, stderr=_state.errors,
                                        start_new_session=True)
     _state.compiler.stdin.write(base64.b64encode(pickle.dumps(job)) + b"\n")
     _state.compiler.stdin.flush()  # and kept open: the compiler watches it
@@ -254,8 +259,14 @@ def stop_background() -> None:
     if compiler is not None:
         compiler.kill()
         compiler.wait()
-        compiler.stdin.close()
-        _state.compiler, _state.compiling = None, {}
+        _end_compiler()
+
+
+def _end_compiler() -> None:
+    """Close what this process kept of the ended compiler."""
+    _state.compiler.stdin.close()
+    _state.errors.close()
+    _state.compiler, _state.errors, _state.compiling = None, None, {}
 
 
 atexit.register(stop_background)
