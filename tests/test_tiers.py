@@ -336,3 +336,14 @@ def test_the_kernel_switches_at_the_step_boundary_after_its_tier_is_cached(tmp_p
     assert run() == [[[0], [0], [0, 1]], "kernels: parallel", ["thread_ids__serial"]]
     # a second run loads the parallel tier at its first call, and compiles nothing
     assert run() == [[[0, 1], [0, 1]], "kernels: parallel", []]
+
+
+def test_the_progress_line_says_which_tier_runs(capsys):
+    from numpy_transformer.kernels.activations import relu_forward
+    from numpy_transformer.train import ProgressBar, StepRecord
+
+    relu_forward(np.ones(4, np.float32))  # a tiered kernel called: the line names the tier
+    bar = ProgressBar(total=1)
+    bar.update(StepRecord(1, 2.0, 1e-3, 0.5, 1000.0))
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(_tiers.describe()) and "kernels: " in err
