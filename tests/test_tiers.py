@@ -347,3 +347,32 @@ def test_the_progress_line_says_which_tier_runs(capsys):
     bar.update(StepRecord(1, 2.0, 1e-3, 0.5, 1000.0))
     err = capsys.readouterr().err
     assert err.rstrip().endswith(_tiers.describe()) and "kernels: " in err
+
+
+KILLED = r"""
+import os, signal, sys, time
+import numpy as np
+from numpy_transformer.kernels import _tiers
+from tiny_kernel import thread_ids
+
+thread_ids(np.zeros(100, np.int64))
+_tiers.poll()
+compiler = _tiers.background_compiler()
+time.sleep(float(sys.argv[1]))
+os.kill(compiler.pid, signal.SIGKILL)  # at some point of its import or its compile
+compiler.wait()
+"""
+
+
+@needs_two_threads
+@pytest.mark.parametrize("after", [1.0, 2.5])
+def test_a_compiler_killed_at_any_point_leaves_a_cache_that_works(tmp_path, after):
+    (tmp_path / "tiny_kernel.py").write_text(THREAD_IDS)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{PACKAGE_PARENT}",
+           "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    for script, args in ((KILLED, [str(after)]), (SWITCH, [])):
+        proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    seen, described, _ = json.loads(proc.stdout.splitlines()[-1])
+    assert seen[-1] == [0, 1] and described == "kernels: parallel"
