@@ -14,8 +14,23 @@ from one Python function:
 
 Both tiers give the same bits: every kernel splits its work by rows, blocks or heads, never by
 the thread count, and a reduction across work items sums per item and adds the items' sums in
-order afterwards (``tests/test_tiers.py`` trains a model switching tiers at different steps).
-So a process may run any kernel on either tier at any time.
+order afterwards (``tests/test_tiers.py`` trains models switching tiers at different steps,
+and shows that a ``prange`` sum, which Numba splits by thread, would be caught). So a process
+may run any kernel on either tier at any time. The 24 ``prange`` loops, by how they split:
+
+* one entry or one row per item, nothing summed across items: the activations (``x.size``
+  entries, or blocks of ``_BLOCK``), the embedding's lookup, the cross-entropy (rows), the
+  norms' forwards (blocks of rows);
+* blocks of rows, each with its own partial sums, added in order by the caller: the norms'
+  backwards (``dw_part``), the linear and feed-forward kernels (chunks counted from the rows,
+  ``linear._chunks``; ``dw_part``, ``db_part``), the LSTM (chunks of sequences, ``db_part``),
+  Adam (blocks of each parameter; no sum);
+* the attention: (batch, query block, head) items forward; backward (batch, chunk, head)
+  items, the chunks counted from the shape (``attention._BACKWARD_ITEMS``), their dk, dv
+  added in order by the caller.
+
+Scratch rows are taken per thread (``numba.get_thread_id()``, 0 on the serial tier) and
+hold nothing from one item to the next.
 
 Which tier runs (:func:`set_tier`)
 ----------------------------------
@@ -162,8 +177,9 @@ class _State:
         self.failed: str | None = None  # how the last compiler ended, if it failed
 
     def remember(self, kernel: TieredKernel, signature: tuple) -> None:
-        if (id(kernel), signature) not in self.sent:
-            self.missing.setdefault(kernel, []).append(signature)
+        waiting = self.missing.get(kernel, [])
+        if (id(kernel), signature) not in self.sent and signature not in waiting:
+            self.missing[kernel] = [*waiting, signature]
 
 
 _state = _State()
