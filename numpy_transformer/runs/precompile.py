@@ -5,8 +5,8 @@ the other, on one core. Kernels compile independently of each other, so before t
 step :func:`precompile` gives them to worker processes, one per group of kernels
 (``GROUPS``). The workers compile the kernels' first tier, the plain loops, which compile in
 a third of the time of the parallel ones (``kernels/_tiers.py``); the run starts on them, and
-a background process compiles the parallel tier while it trains (``kernels/_tiers.py``,
-started at the first step boundary; the run switches at the step boundary after it ends):
+a background process, started at the first step boundary, compiles the parallel tier while
+it trains; each kernel switches to it at the first step boundary after it is in the cache:
 
 * each worker builds the same run and does what the run will: its first training step, an
   evaluation forward and, for a language model, the first tokens of the report's sample. It
