@@ -24,12 +24,12 @@ checkpoint or the new one, never half of one.
 
 Format versions: 1, the first; 2, the run folder's ``config.json`` records its version too, and
 every option of ``numpy-transformer train`` is recorded (``runs/options.py``: a version-1 run
-may lack ``model``); 3, ``early_stop`` is recorded (an older run never stopped early); 4,
-``kv_heads`` is recorded (an older run had one kv head per query head). The
-layout above is the same in all. A file of an older version is read as it is;
-``runs.state.read_run`` brings its run to today's format (each option a version did not record
-takes the value that reproduces what it did). A file of a newer version is refused, naming both
-versions.
+may lack ``model``); 3, ``early_stop`` is recorded (an older run never stopped early); 4, the
+config's ``norm_eps`` (an older run's norms had their defaults) and ``kv_heads`` (an older
+run had one kv head per query head). The layout above is the same in all. A file of an older
+version is read as it is; ``runs.state.read_run`` brings its run to today's format (each
+option a version did not record takes the value that reproduces what it did). A file of a
+newer version is refused, naming both versions.
 
 Every problem found on loading raises :class:`CheckpointError` (a ``ValueError``) with one
 line naming the file and the problem.

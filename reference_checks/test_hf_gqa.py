@@ -64,7 +64,7 @@ def llama(tmp_path_factory):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=V, max_position_embeddings=T, tie_word_embeddings=False,
-        rms_norm_eps=float(np.finfo(np.float32).eps),  # ours for float32 (torch's RMSNorm)
+        rms_norm_eps=1e-6,  # LLaMA's usual epsilon, which the import takes as norm_eps
         bos_token_id=None, eos_token_id=None, pad_token_id=None, **SIZES)
     model = transformers.LlamaForCausalLM(config).float()
     with torch.no_grad():
@@ -109,6 +109,7 @@ def test_a_grouped_query_llama_imports_with_its_logits_and_gradients(llama, back
     imported = load_hf(directory, backend=backend)
     config = imported.model.config
     assert (config.heads, config.kv_heads, config.dtype) == (4, 2, "float32")
+    assert config.norm_eps == 1e-6
     assert imported.model.decoder.blocks[0].attn.params["wk"].shape == (32, 16)  # (C, H_kv D)
     ids = tokens()
     theirs, their_loss, their_grads = hf_logits_and_grads(hf_model, ids)

@@ -42,11 +42,12 @@ PATHS = {
     "text": ("text", "missing", "empty", "not utf-8", "folder", "characters the run lacks"),
     "out": ("new", "empty folder", "folder with a file", "file", "''"),
     "config": ("steps 2", "not toml", "unknown key", "bad value", "missing"),
+    "source": ("export", "export file", "lm", "missing", "empty folder", "text file"),
 }
 OTHER = {"prompt": st.text(max_size=6),
          "names": st.lists(st.sampled_from([*SECTIONS, "nothing"]), max_size=2)}
 ALLOWED = {"train": {0, 1, 2}, "sample": {0, 2}, "eval": {0, 2}, "export": {0, 2},
-           "gradcheck": {0, 1, 2}, "bench": {0, 2}}
+           "import": {0, 2}, "gradcheck": {0, 1, 2}, "bench": {0, 2}}
 ENVIRONMENT = st.one_of(st.just({}), st.sampled_from(
     [{name: value} for name, (value, _) in BAD_ENVIRONMENT.items()]
     + [{"NUMPY_TRANSFORMER_KERNELS": "norms,linear"}, {"NUMBA_NUM_THREADS": "1"}]))
@@ -118,6 +119,8 @@ def runs_made(tmp_path_factory):
                                 "--eval-every", "2", "--backend", "numpy", "--out",
                                 tmp / name, "--quiet"])
         assert code == 0, err
+    code, _, err = run_cli(["export", tmp / "lm", "--out", tmp / "export"])
+    assert code == 0, err
     return tmp
 
 
@@ -126,6 +129,11 @@ def materialise(state: str, folder: Path, runs: Path, dest: str) -> str:
     path = folder / dest.replace("_", "-")
     if state in ("lm", "lstm"):
         shutil.copytree(runs / state, path)
+    elif state == "export":
+        shutil.copytree(runs / "export", path)
+    elif state == "export file":
+        shutil.copytree(runs / "export", path)
+        path = path / "model.safetensors"
     elif state == "lm checkpoint":
         shutil.copytree(runs / "lm", path)
         path = path / "checkpoint.npz"
@@ -251,6 +259,17 @@ def test_export(runs_made, monkeypatch, argv, environment):
         assert not [p for p in folder.rglob(".*")], "a staging folder was left"
 
     _example("export", argv, environment, runs_made, monkeypatch, check)
+
+
+@PROPERTY
+@given(argv=argv_of("import"), environment=ENVIRONMENT)
+def test_import(runs_made, monkeypatch, argv, environment):
+    def check(argv, out, folder):
+        run_dir = Path(out.split("/:")[0].removeprefix("wrote "))
+        ckpt = load_checkpoint(run_dir / "checkpoint.npz")
+        assert ckpt.step == 0 and ckpt.params, out
+
+    _example("import", argv, environment, runs_made, monkeypatch, check)
 
 
 @PROPERTY

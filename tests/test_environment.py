@@ -29,6 +29,7 @@ BAD = {
 COMMANDS = {"train": ["train", "--steps", "1"], "sample": ["sample", "no-such-run"],
             "eval": ["eval", "no-such-run"],
             "export": ["export", "no-such-run"], "gradcheck": ["gradcheck", "ops"],
+            "import": ["import", "no-such-export", "--out", "unused"],
             "bench": ["bench", "--quick"]}
 
 

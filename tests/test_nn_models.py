@@ -246,6 +246,8 @@ def test_bad_tokens():
     (dict(dropout=1.0), "dropout must lie in"),
     (dict(embed_std=-1.0), "embed_std must be a positive finite number"),
     (dict(embed_std=float("inf")), "embed_std must be a positive finite number"),
+    (dict(norm_eps=0.0), "norm_eps must be a positive finite number"),
+    (dict(norm_eps=1e-6, norm="rmsnorm"), None),
     (dict(num_classes=0), "num_classes must be a positive integer"),
     (dict(backend="cuda"), "backend must be one of"),
     (dict(dtype="float16"), "dtype must be one of"),

@@ -35,17 +35,19 @@ Where the two conventions differ, the export converts:
 * **Grouped-query attention.** ``num_key_value_heads`` is our ``kv_heads``, and both read kv
   head h // (H / H_kv) for query head h (``transformers``' ``repeat_kv``): k_proj and v_proj
   are (H_kv D, C), k_proj's rows reordered per kv head as above.
-* **Epsilons.** GPT-2's ``layer_norm_epsilon`` is our LayerNorm's eps; LLaMA's
-  ``rms_norm_eps`` is our RMSNorm's, which is ``np.finfo(dtype).eps`` (as
-  ``torch.nn.RMSNorm(eps=None)``). ``LlamaRMSNorm`` normalises in float32 whatever the dtype,
-  so a float64 LLaMA agrees to float32 precision only.
+* **Epsilons.** GPT-2's ``layer_norm_epsilon`` and LLaMA's ``rms_norm_eps`` are our config's
+  ``norm_eps``; an import keeps the default (None) where the checkpoint's equals it (LayerNorm
+  1e-5, RMSNorm ``np.finfo(dtype).eps``, as ``torch.nn.RMSNorm(eps=None)``).
+  ``LlamaRMSNorm`` normalises in float32 whatever the dtype, so a float64 LLaMA agrees to
+  float32 precision only.
 
 Importing a directory (:func:`load_hf`) checks that its config is one of these shapes, with
-the epsilons and RoPE base of ours, and refuses it otherwise, naming the fields.
+the RoPE base of ours, and refuses it otherwise, naming the fields.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -56,6 +58,7 @@ from .. import nn as ours
 from ..config import TransformerConfig
 from ..data import CharTokenizer
 from ..memory import parameter_count
+from ..nn.layers import make_norm
 from ._require import require
 from .hf_tokenizer import load_tokenizer, save_tokenizer
 from .safetensors_file import Exported, check_dtypes, read_header, read_tensors, write_tensors
@@ -234,9 +237,9 @@ def _hf_config(model: ours.DecoderLM, family: str):
         tie_word_embeddings=c.tie_embeddings, **common)
 
 
-def _our_config(hf, dtype: str, backend: str | None) -> tuple[TransformerConfig, float]:
-    """``(TransformerConfig, the norm eps the directory asks for)``; ValueError listing the
-    fields of ``hf`` (a transformers config) that no model of ours has."""
+def _our_config(hf, dtype: str, backend: str | None) -> TransformerConfig:
+    """The TransformerConfig of ``hf`` (a transformers config), its norm epsilon included;
+    ValueError listing the fields of ``hf`` that no model of ours has."""
     family, odd = hf.model_type, []
     if family == "gpt2":
         fields = dict(vocab=hf.vocab_size, width=hf.n_embd, heads=hf.n_head, layers=hf.n_layer,
@@ -269,8 +272,11 @@ def _our_config(hf, dtype: str, backend: str | None) -> tuple[TransformerConfig,
     if odd:
         raise ValueError(f"this {_TITLES[family]} config has no model here: {'; '.join(odd)}")
     overrides = {} if backend is None else {"backend": backend}
-    return TransformerConfig(**{**FAMILIES[family], **fields, "dtype": dtype,
-                                **overrides}).validate(), eps
+    config = TransformerConfig(**{**FAMILIES[family], **fields, "dtype": dtype, **overrides})
+    default = _norm_eps(make_norm(config.norm, 1, dtype=np.dtype(dtype)), np.dtype(dtype))
+    if not math.isclose(eps, default, rel_tol=1e-6):  # else the config keeps the default
+        config = dataclasses.replace(config, norm_eps=float(eps))
+    return config.validate()
 
 
 # ============================================================================ directories
@@ -347,7 +353,7 @@ def load_hf(directory: str | Path, backend: str | None = None) -> Exported:
         raise ValueError(f"{directory / 'config.json'}: not a transformers config "
                          f"({type(e).__name__}: {reason})") from None
     try:
-        config, eps = _our_config(hf, dtype, backend)
+        config = _our_config(hf, dtype, backend)
         held, wanted = sum(math.prod(shape) for _, shape in header.values()), parameter_count(
             config)
         if wanted > held:  # before the model is built: the header's sizes cost no memory
@@ -355,9 +361,6 @@ def load_hf(directory: str | Path, backend: str | None = None) -> Exported:
                              f"{wanted:,} weights of its config's model")
         state = read_tensors(weights, "the Hugging Face import")
         model = ours.DecoderLM(config)
-        own_eps = _norm_eps(model.decoder.final_norm, np.dtype(config.dtype))
-        if not np.isclose(eps, own_eps, rtol=1e-6, atol=0.0):
-            raise ValueError(f"its norm epsilon is {eps!r}, ours for this dtype is {own_eps!r}")
         model.load_state_dict(from_hf_state(state, config, hf.model_type))
         tokenizer = load_tokenizer(directory)
     except (ValueError, TypeError, KeyError, AttributeError, json.JSONDecodeError) as e:
