@@ -36,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numpy_transformer import backend as backend_module  # noqa: E402
 from numpy_transformer import optim, schedules, train  # noqa: E402
 from numpy_transformer.allocator import reuse_freed_memory  # noqa: E402
-from numpy_transformer.bench.train_step import CONFIGS, _batches  # noqa: E402
+from numpy_transformer.bench.configs import CONFIGS  # noqa: E402
+from numpy_transformer.bench.train_step import _batches  # noqa: E402
 from numpy_transformer.nn import DecoderLM, TransformerConfig  # noqa: E402
 from numpy_transformer.nn import attention as nn_attention  # noqa: E402
 

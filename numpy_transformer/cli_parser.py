@@ -270,7 +270,8 @@ def add_bench(sub) -> None:
                        "numpy-transformer bench --config wide --threads 2", formatter_class=RAW)
     b.add_argument("--config", choices=BENCH_CONFIGS, default=BENCH_CONFIGS[0],
                    help="chapter: the chapter's char model, batch 64 x 100; small, wide (6 "
-                   "layers, width 384, 16 x 256), long (T = 1024), lstm (the chapter's LSTM) "
+                   "layers, width 384, 16 x 256), long (T = 1024), gpt2 (GPT-2 small's shape, "
+                   "1 x 1024), lstm (the chapter's LSTM) "
                    "[%(default)s]")
     b.add_argument("--threads", type=number(POSITIVE_INT),
                    help="threads of both frameworks [the cores available]")
