@@ -97,7 +97,9 @@ def print_summary(cfg: dict, ours, theirs, starts: dict, ceiling: tuple[float, f
     row("first step, compiled kernels cached (s)", f"{starts['warm']:.2f}", "")
     row("peak RSS (MiB)", f"{ours.rss_mib:.0f}", theirs and f"{theirs.rss_mib:.0f}",
         theirs and f"{ours.rss_mib / theirs.rss_mib:.2f}")
-    print(f"\nsgemm: NumPy's BLAS, float32 1024 x 1024 x 1024 on {threads} thread(s); GFLOP/s "
-          f"count the step's matrix products (bench.step_flops). First losses: ours "
+    print(f"\nGFLOP/s count the step's matrix products (bench.configs.step_flops); the "
+          f"products' rate is NumPy's BLAS on {threads} thread(s) at the step's own shapes "
+          f"(bench.sgemm.products_gflops; float32 1024^3: {ceiling[1]:.0f} GFLOP/s). "
+          f"First losses: ours "
           f"{ours.first_loss:.5f}" + (f", PyTorch {theirs.first_loss:.5f}" if theirs else "")
           + (". PyTorch: pip install torch" if not theirs else ""))
