@@ -71,13 +71,27 @@ def sgemm_gflops(threads: int, size: int = 1024, repeats: int = 7) -> float:
     return 2 * size**3 / _timed_matmul(size, size, size, 1, threads, repeats) / 1e9
 
 
+def product_seconds(config: dict, threads: int, repeats: int = 5) -> list[tuple]:
+    """``(product, seconds)`` for each of :func:`.configs.products` of ``config``: the time
+    all of the step's products of that shape take at the speed NumPy's BLAS multiplies it on
+    ``threads`` threads (median of ``repeats`` after one warm-up; each distinct shape timed
+    once; a causal product timed whole and charged its visible fraction)."""
+    seconds = {}
+    timed = []
+    for p in products(config):
+        key = (p.m, p.k, p.n, p.batch)
+        if key not in seconds:
+            seconds[key] = _timed_matmul(*key, threads, repeats)
+        timed.append((p, seconds[key] * p.count * p.visible))
+    return timed
+
+
 def products_gflops(config: dict, threads: int, repeats: int = 5) -> float:
     """GFLOP/s of one step's matrix products of ``config`` on ``threads`` BLAS threads.
 
-    Each distinct shape of :func:`.configs.products` is timed through NumPy's BLAS (median of
-    ``repeats`` after one warm-up); the rate is the step's product FLOPs over the time they
-    take at those speeds, ``sum(flops) / sum(flops / rate)``: the rate of a step that did
-    nothing else. A causal product is timed whole and charged its visible fraction.
+    The step's product FLOPs over the time they take at the speeds of
+    :func:`product_seconds`, ``sum(flops) / sum(flops / rate)``: the rate of a step that did
+    nothing but its products.
 
     Parameters
     ----------
@@ -93,12 +107,5 @@ def products_gflops(config: dict, threads: int, repeats: int = 5) -> float:
     float
         The FLOP-weighted rate in GFLOP/s.
     """
-    shapes = products(config)
-    seconds = {}
-    for p in shapes:
-        key = (p.m, p.k, p.n, p.batch)
-        if key not in seconds:
-            seconds[key] = _timed_matmul(*key, threads, repeats)
-    total = sum(p.flops for p in shapes)
-    spent = sum(seconds[p.m, p.k, p.n, p.batch] * p.count * p.visible for p in shapes)
-    return total / spent / 1e9
+    timed = product_seconds(config, threads, repeats)
+    return sum(p.flops for p, _ in timed) / sum(s for _, s in timed) / 1e9
