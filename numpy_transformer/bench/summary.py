@@ -65,8 +65,10 @@ def run(config: str = "chapter", threads: int | None = None, quick: bool = False
     variants = [("ours", "numba", threads, threads)]
     if torch:
         variants.append(("torch", "torch" if lstm else "torch-sdpa", threads, threads))
-    workers = train_step.measure(config, variants, **counts)
-    ceiling = products_gflops(cfg, threads), sgemm_gflops(threads)
+    rates: list[float] = []
+    workers = train_step.measure(config, variants, **counts,
+                                 between=lambda: rates.append(products_gflops(cfg, threads)))
+    ceiling = train_step.median(rates), sgemm_gflops(threads)
     ours = workers[0]
     theirs = workers[1] if torch else None
     print_summary(cfg, ours, theirs, starts, ceiling, threads)
@@ -75,7 +77,8 @@ def run(config: str = "chapter", threads: int | None = None, quick: bool = False
 def print_summary(cfg: dict, ours, theirs, starts: dict, ceiling: tuple[float, float],
                   threads: int) -> None:
     """The table itself; ``theirs`` is None without PyTorch. ``ceiling``: the GFLOP/s of the
-    step's products at their own shapes and of the square 1024^3 product."""
+    step's products at their own shapes (the median of those measured between the rounds)
+    and of the square 1024^3 product."""
     flops, tokens = step_flops(cfg), cfg["batch"] * cfg["context"]
     step = train_step.median(ours.times)
     ref = train_step.median(theirs.times) if theirs else None

@@ -49,10 +49,10 @@ a burst of load from other jobs hits every variant alike. A step is timed with
 steps after ``--warmup`` warm-up steps (which also load the compiled Numba kernels), the
 ratio ours / torch at the same thread count, and the effective GFLOP/s (:func:`step_flops`
 over the median step) as a fraction of the rate of the step's own matrix products on this
-machine's BLAS, measured in the same run before and after the workers (:mod:`.sgemm`; the
-square 1024^3 rate beside it). The head of the output names the CPU, its SIMD level and the
-BLAS kernels (:mod:`.machine`), with a warning when those are older than the CPU. Peak RSS
-is ``ru_maxrss`` of each worker.
+machine's BLAS, measured in the same run before, between and after the rounds, while the
+workers wait (:mod:`.sgemm`; their median; the square 1024^3 rate beside it). The head of
+the output names the CPU, its SIMD level and the BLAS kernels (:mod:`.machine`), with a
+warning when those are older than the CPU. Peak RSS is ``ru_maxrss`` of each worker.
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ import os
 import subprocess
 import sys
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -267,9 +269,14 @@ def variants_for(threads: list[int], numpy: bool = True, torch: bool = True,
     return variants
 
 
-def measure(config: str, variants: list[tuple], steps: int, warmup: int,
-            rounds: int) -> list[Worker]:
-    """Start one worker per variant and time them in turn; returns the closed workers."""
+def measure(config: str, variants: list[tuple], steps: int, warmup: int, rounds: int,
+            between: Callable[[], None] | None = None) -> list[Worker]:
+    """Start one worker per variant and time them in turn; returns the closed workers.
+
+    ``between`` is called before the first round and after each, while the workers wait: the
+    main process measures the machine's matrix-product rate there, so that a burst of load
+    from elsewhere hits the ceiling as it hits the steps.
+    """
     workers = [Worker(label, v, config, n, blas) for label, v, n, blas in variants]
     try:
         for w in workers:
@@ -277,8 +284,12 @@ def measure(config: str, variants: list[tuple], steps: int, warmup: int,
         for w in workers:
             w.run(warmup, keep=False)
         for n in [steps // rounds + (r < steps % rounds) for r in range(rounds)]:
+            if between:
+                between()
             for w in workers:  # in turn, so load from elsewhere hits every variant alike
                 w.run(n)
+        if between:
+            between()
         for w in workers:
             w.close()
     finally:
@@ -306,7 +317,7 @@ def print_table(config: str, workers: list[Worker], sgemm: dict[int, list[float]
                 shapes: dict[int, list[float]]) -> None:
     """The markdown table of a run: one row per worker, ratios to torch at its thread count,
     and the effective GFLOP/s as a fraction of the rate of the step's products (``shapes``,
-    by thread count, measured before and after the workers; ``sgemm`` the square rate)."""
+    by thread count, measured between the rounds; ``sgemm`` the square rate)."""
     medians = {w.label: median(w.times) for w in workers}
     fused = {w.threads: medians[w.label] for w in workers if w.variant == "torch-sdpa"}
     twin = {w.threads: medians[w.label] for w in workers if w.variant == "torch"}
@@ -331,9 +342,9 @@ def print_table(config: str, workers: list[Worker], sgemm: dict[int, list[float]
                          for n, r in sorted(measured.items()))
 
     print(f"\nmodel FLOPs per step {flops / 1e9:.2f} G (bench.configs.step_flops). GFLOP/s of "
-          f"NumPy's BLAS before / after the workers: the step's products at their own shapes "
-          f"(bench.sgemm.products_gflops, the fraction's denominator: their median) "
-          f"{rates(shapes)}; float32 1024^3 {rates(sgemm)}")
+          f"NumPy's BLAS before, between and after the rounds: the step's products at their "
+          f"own shapes (bench.sgemm.products_gflops; the fraction's denominator is their "
+          f"median) {rates(shapes)}; float32 1024^3 {rates(sgemm)}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -369,12 +380,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"config {args.config}: {cfg['model']}, batch {cfg['batch']} x context "
           f"{cfg['context']}; {args.warmup} warm-up + {args.steps} measured steps per "
           f"variant in {args.rounds} rounds", flush=True)
-    sgemm = {n: [sgemm_gflops(n)] for n in threads}
-    shapes = {n: [products_gflops(cfg, n)] for n in threads}
-    workers = measure(args.config, variants, args.steps, args.warmup, args.rounds)
-    for n in threads:
-        sgemm[n].append(sgemm_gflops(n))
-        shapes[n].append(products_gflops(cfg, n))
+    sgemm, shapes = defaultdict(list), defaultdict(list)
+
+    def ceilings() -> None:
+        for n in threads:
+            sgemm[n].append(sgemm_gflops(n))
+            shapes[n].append(products_gflops(cfg, n))
+
+    workers = measure(args.config, variants, args.steps, args.warmup, args.rounds, ceilings)
     print_table(args.config, workers, sgemm, shapes)
     print(f"\nload average at end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
