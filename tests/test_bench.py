@@ -57,3 +57,19 @@ def test_the_gpt2_configuration_has_gpt2_smalls_parameters():
     model = train_step._model(configs.CONFIGS["gpt2"], backend="numpy")
     count = sum(p.size for _, p, _ in model.named_parameters())
     assert 124.0e6 < count < 124.6e6, count
+
+
+def test_the_summary_prints_the_fraction_of_the_products_rate(capsys):
+    """The effective GFLOP/s over the products' rate, for ours and for PyTorch."""
+    from types import SimpleNamespace
+
+    from numpy_transformer.bench import summary
+
+    cfg = configs.CONFIGS["chapter"]
+    step = configs.step_flops(cfg) / 50e9  # a step at 50 GFLOP/s
+    ours = SimpleNamespace(times=[step], rss_mib=100.0, first_loss=4.8, first_step=1.0)
+    theirs = SimpleNamespace(times=[2 * step], rss_mib=200.0, first_loss=4.8, first_step=1.0)
+    summary.print_summary(cfg, ours, theirs, {"cold": 9.0, "warm": 1.0}, (200.0, 250.0), 2)
+    out = capsys.readouterr().out
+    assert "| fraction of the products' rate (200 GFLOP/s) | 0.25 | 0.12 |" in out
+    assert "| effective GFLOP/s | 50.0 | 25.0 |" in out
