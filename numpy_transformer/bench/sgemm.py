@@ -5,8 +5,9 @@ BLAS multiplies float32 matrices bounds the effective GFLOP/s of a step (what
 :func:`numpy_transformer.bench.configs.step_flops` counts, divided by the step's time).
 
 * :func:`sgemm_gflops`: two large square matrices, the BLAS's best case.
-* :func:`products_gflops`: the step's own shapes (:func:`.configs.products`), each timed and
-  weighted by its FLOPs: the rate of a step that did nothing but its products. Small or thin
+* :func:`products_gflops`: the step's own shapes (:func:`.configs.products`), each timed (on
+  the given threads or on one, whichever is faster) and weighted by its FLOPs: the rate of a
+  step that did nothing but its products. Small or thin
   products (an LSTM's recurrent ones, a narrow model's) run well below the square rate.
 """
 
@@ -74,14 +75,24 @@ def sgemm_gflops(threads: int, size: int = 1024, repeats: int = 7) -> float:
 def product_seconds(config: dict, threads: int, repeats: int = 5) -> list[tuple]:
     """``(product, seconds)`` for each of :func:`.configs.products` of ``config``: the time
     all of the step's products of that shape take at the speed NumPy's BLAS multiplies it on
-    ``threads`` threads (median of ``repeats`` after one warm-up; each distinct shape timed
-    once; a causal product timed whole and charged its visible fraction)."""
+    ``threads`` threads, or on one where that is faster (median of ``repeats`` after one
+    warm-up; each distinct shape timed once; a causal product timed whole and charged its
+    visible fraction).
+
+    Notes
+    -----
+    The faster of the two: the ceiling of a step on n cores is at least what one core does.
+    OpenBLAS's own threads wait for each other at every product; on a machine loaded by
+    other jobs they collapsed on small shapes (the chapter's, on 2 loaded cores: 1-3 GFLOP/s
+    on 2 threads against 60 on one), while the kernels, which call the BLAS on one thread
+    from each of their own threads, do not.
+    """
     seconds = {}
     timed = []
     for p in products(config):
         key = (p.m, p.k, p.n, p.batch)
         if key not in seconds:
-            seconds[key] = _timed_matmul(*key, threads, repeats)
+            seconds[key] = min(_timed_matmul(*key, n, repeats) for n in {1, threads})
         timed.append((p, seconds[key] * p.count * p.visible))
     return timed
 
