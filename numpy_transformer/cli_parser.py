@@ -264,7 +264,9 @@ def add_bench(sub) -> None:
                        "sgemm ceiling", description="Time a training step of ours (numba "
                        "backend) and of PyTorch eager side by side, in two worker processes "
                        "asked in turn; the first step on an empty compile cache; the machine's "
-                       "float32 matrix-product rate as the ceiling (numpy_transformer.bench). "
+                       "float32 matrix-product rate at the step's own shapes as the ceiling, "
+                       "beside the CPU's SIMD level and the BLAS kernels, with a warning when "
+                       "those are older than the CPU (numpy_transformer.bench). "
                        "The long scripts are in the repository's benchmarks/ folder.",
                        epilog="examples:\n  numpy-transformer bench --quick\n  "
                        "numpy-transformer bench --config wide --threads 2", formatter_class=RAW)
