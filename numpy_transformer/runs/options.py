@@ -158,6 +158,9 @@ OPTIONS = (
     Option("ffn_width", TRANSFORMER, "feed-forward hidden width", "config", POSITIVE_INT,
            default=168, overrides={"task": 128}),
     Option("norm", TRANSFORMER, "", "config", choices=NORMS),
+    Option("norm_eps", TRANSFORMER, "the norms' epsilon", "config", POSITIVE, default=None,
+           metavar="EPS", since=(4, None),  # runs written before it had the norms' defaults
+           shown={None: "LayerNorm 1e-5, RMSNorm the dtype's machine epsilon"}),
     Option("activation", TRANSFORMER, "", "config", choices=ACTIVATIONS, default="relu"),
     Option("positions", TRANSFORMER, "", "config", choices=POSITIONS),
     Option("norm_first", TRANSFORMER, "post-LN blocks as Vaswani et al.", "config",
