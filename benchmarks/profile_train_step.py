@@ -5,16 +5,23 @@ Usage (from the repository root)::
     python benchmarks/profile_train_step.py                  # chapter model, 1 thread
     python benchmarks/profile_train_step.py --config small --threads 2   # Numba threads
     python benchmarks/profile_train_step.py --cprofile       # also the top of cProfile
+    python benchmarks/profile_train_step.py --config gpt2 --threads 2 --backends numba --steps 3
 
 Every operation of the two backends (``numpy_transformer.backend``) is wrapped in a timer
 (``time.perf_counter``) and counted under its component: the linear layers (attention
 projections, head), the attention core, the head split/merge copies, the norms, the
 feed-forward network (one operation, ``feed_forward_forward``, counted whole: its linear
-maps and activation), the embedding and positions, the loss, clipping and Adam. "rest" is the
-step's time minus all of these: the residual additions (``x + sub`` in the blocks), zeroing
-the gradients, Python. The wrappers add a few microseconds per call.
-Both backends are timed in this one process, alternating step by step, so a change in load
+maps and activation), the embedding and positions, the loss, clipping and Adam. The
+vocabulary head (its module's forward and backward) is its own row, taken out of "linear".
+"rest" is the step's time minus all of these: the residual additions (``x + sub`` in the
+blocks), zeroing the gradients, Python. The wrappers add a few microseconds per call.
+The backends are timed in this one process, alternating step by step, so a change in load
 hits both alike.
+
+Beside each component that makes matrix products, the table gives the time those products
+would take at the speed NumPy's BLAS multiplies their shapes on ``--threads`` threads
+(``numpy_transformer.bench.sgemm.product_seconds``, measured in the same run): the gap
+between the two is what keeps the step from the products' rate.
 """
 
 from __future__ import annotations
@@ -36,7 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numpy_transformer import backend as backend_module  # noqa: E402
 from numpy_transformer import optim, schedules, train  # noqa: E402
 from numpy_transformer.allocator import reuse_freed_memory  # noqa: E402
-from numpy_transformer.bench.train_step import CONFIGS, _batches  # noqa: E402
+from numpy_transformer.bench.configs import CONFIGS  # noqa: E402
+from numpy_transformer.bench.sgemm import product_seconds  # noqa: E402
+from numpy_transformer.bench.train_step import _batches  # noqa: E402
 from numpy_transformer.nn import DecoderLM, TransformerConfig  # noqa: E402
 from numpy_transformer.nn import attention as nn_attention  # noqa: E402
 
@@ -46,6 +55,12 @@ COMPONENTS = {  # the first prefix an operation's name starts with names its com
     "layer_norm": "norm", "rms_norm": "norm", "embedding": "embedding + positions",
     "cross_entropy": "cross-entropy",
 }
+# the component of each of bench.configs.products, by the start of its name
+PRODUCTS = {"q, k, v, out": "linear", "FFN": "feed-forward network",
+            "vocabulary head": "vocabulary head", "q k^T": "attention core",
+            "p v": "attention core"}
+NAMES = ["linear", "vocabulary head", "attention core", "split/merge heads", "norm",
+         "feed-forward network", "embedding + positions", "cross-entropy", "clip", "adam"]
 
 
 def timed(name: str, fn):
@@ -75,13 +90,47 @@ def instrument() -> None:
     backend_module._build = timed_backends.__getitem__  # get_backend's every call
 
 
+def products_ms(config: dict, threads: int) -> dict[str, float]:
+    """Milliseconds per step of each component's matrix products at NumPy's BLAS speed."""
+    ms: dict[str, float] = defaultdict(float)
+    for product, seconds in product_seconds(config, threads):
+        ms[next(c for prefix, c in PRODUCTS.items() if product.what.startswith(prefix))] += \
+            1e3 * seconds
+    return ms
+
+
+def print_table(args, totals: dict[str, dict[str, float]], ceiling: dict[str, float]) -> None:
+    """One row per component: each backend's mean ms, and its products at the BLAS's speed."""
+    backends = list(totals)
+    print(f"config {args.config}, {args.threads} Numba thread(s), BLAS 1 in the step and "
+          f"{args.threads} in the products' timing, mean ms per step over {args.steps} steps, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"\n| component | {' | '.join(f'{b} backend (ms)' for b in backends)} "
+          f"| its products at the BLAS's rate (ms) |\n|---|{'---:|' * (len(backends) + 1)}")
+    for name in NAMES + ["rest"]:
+        vals = []
+        for backend in backends:
+            tot = totals[backend]
+            v = tot["step"] - sum(tot[n] for n in NAMES) if name == "rest" else tot[name]
+            vals.append(f"{1e3 * v:.1f}")
+        print(f"| {name} | {' | '.join(vals)} | "
+              f"{f'{ceiling[name]:.1f}' if name in ceiling else ''} |")
+    steps = " | ".join(f"**{1e3 * totals[b]['step']:.1f}**" for b in backends)
+    print(f"| **step** | {steps} | **{sum(ceiling.values()):.1f}** |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", choices=sorted(CONFIGS), default="chapter")
+    parser.add_argument("--config", choices=sorted(c for c in CONFIGS if c != "lstm"),
+                        default="chapter")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--backends", default="numpy,numba", help="the backends to time")
     parser.add_argument("--cprofile", action="store_true")
     args = parser.parse_args()
+    backends = args.backends.split(",")
+    if not set(backends) <= {"numpy", "numba"}:
+        parser.error(f"--backends {args.backends}: choose from numpy, numba")
     numba.set_num_threads(args.threads)
     reuse_freed_memory()  # as the command line does (numpy_transformer/allocator.py)
     config = CONFIGS[args.config]
@@ -89,10 +138,12 @@ def main() -> None:
     train.clip_grad_norm = timed("clip", train.clip_grad_norm)
     optim.Adam.step = timed("adam", optim.Adam.step)
     trainers, totals = {}, {}
-    for backend in ("numpy", "numba"):
+    for backend in backends:
         model = DecoderLM(TransformerConfig(**config["model"], dtype="float32", backend=backend))
+        model.head.forward = timed("vocabulary head", model.head.forward)
+        model.head.backward = timed("vocabulary head", model.head.backward)
         trainers[backend] = train.Trainer(model, optim.Adam(lr=1e-3, backend=backend),
-                                          schedules.constant_lr(1e-3))
+                                          schedules.constant_lr(1e-3), clip=1.0)
         totals[backend] = defaultdict(float)
     data = [train.Batch((x,), y) for x, y in _batches(config)]
     for i in range(3):  # warm-up (loads the compiled kernels)
@@ -104,22 +155,10 @@ def main() -> None:
             start = time.perf_counter()
             t.step(data[i % len(data)])
             TOTALS["step"] = time.perf_counter() - start
+            TOTALS["linear"] -= TOTALS["vocabulary head"]  # the head's linear op is its row
             for k, v in TOTALS.items():
                 totals[backend][k] += v / args.steps
-    names = ["linear", "attention core", "split/merge heads", "norm", "feed-forward network",
-             "embedding + positions", "cross-entropy", "clip", "adam"]
-    print(f"config {args.config}, {args.threads} Numba thread(s), BLAS 1, mean ms per step "
-          f"over {args.steps} steps, load average {os.getloadavg()[0]:.1f}")
-    print("\n| component | numpy backend (ms) | numba backend (ms) |\n|---|---:|---:|")
-    for name in names + ["rest"]:
-        vals = []
-        for backend in trainers:
-            tot = totals[backend]
-            v = tot["step"] - sum(tot[n] for n in names) if name == "rest" else tot[name]
-            vals.append(1e3 * v)
-        print(f"| {name} | {vals[0]:.1f} | {vals[1]:.1f} |")
-    print(f"| **step** | **{1e3 * totals['numpy']['step']:.1f}** | "
-          f"**{1e3 * totals['numba']['step']:.1f}** |")
+    print_table(args, totals, products_ms(config, args.threads))
     if args.cprofile:
         import cProfile
         import pstats
@@ -127,7 +166,7 @@ def main() -> None:
         profile = cProfile.Profile()
         profile.enable()
         for i in range(args.steps):
-            trainers["numba"].step(data[i % len(data)])
+            trainers[backends[-1]].step(data[i % len(data)])
         profile.disable()
         pstats.Stats(profile).sort_stats("tottime").print_stats(20)
 

@@ -286,13 +286,16 @@ def add_bench(sub) -> None:
                        "sgemm ceiling", description="Time a training step of ours (numba "
                        "backend) and of PyTorch eager side by side, in two worker processes "
                        "asked in turn; the first step on an empty compile cache; the machine's "
-                       "float32 matrix-product rate as the ceiling (numpy_transformer.bench). "
+                       "float32 matrix-product rate at the step's own shapes as the ceiling, "
+                       "beside the CPU's SIMD level and the BLAS kernels, with a warning when "
+                       "those are older than the CPU (numpy_transformer.bench). "
                        "The long scripts are in the repository's benchmarks/ folder.",
                        epilog="examples:\n  numpy-transformer bench --quick\n  "
                        "numpy-transformer bench --config wide --threads 2", formatter_class=RAW)
     b.add_argument("--config", choices=BENCH_CONFIGS, default=BENCH_CONFIGS[0],
                    help="chapter: the chapter's char model, batch 64 x 100; small, wide (6 "
-                   "layers, width 384, 16 x 256), long (T = 1024), lstm (the chapter's LSTM) "
+                   "layers, width 384, 16 x 256), long (T = 1024), gpt2 (GPT-2 small's shape, "
+                   "1 x 1024), lstm (the chapter's LSTM) "
                    "[%(default)s]")
     b.add_argument("--threads", type=number(POSITIVE_INT),
                    help="threads of both frameworks [the cores available]")

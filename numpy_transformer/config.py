@@ -36,8 +36,8 @@ BACKENDS = ("numpy", "numba")  # numpy_transformer.backend builds each one's ope
 KERNEL_MODULES = ("activations", "adam", "attention", "embedding", "feedforward", "linear",
                   "lstm", "norms", "softmax")
 EXPORT_FORMATS = ("safetensors", "hf")  # what numpy_transformer.export writes: PyTorch, HF
-# the training-step benchmarks' configurations (numpy_transformer/bench/train_step.py)
-BENCH_CONFIGS = ("chapter", "small", "wide", "long", "lstm")
+# the training-step benchmarks' configurations (numpy_transformer/bench/configs.py)
+BENCH_CONFIGS = ("chapter", "small", "wide", "long", "gpt2", "lstm")
 # Limits the "numba" backend to the kernels it names (numpy_transformer/backend.py)
 KERNELS_VARIABLE = "NUMPY_TRANSFORMER_KERNELS"
 DEFAULT_BACKEND = "numba"  # the fused kernels: training faster than PyTorch on a CPU; "numpy"

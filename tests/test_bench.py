@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from numpy_transformer.bench import train_step
+from numpy_transformer.bench import configs, train_step
 from numpy_transformer.config import BENCH_CONFIGS
 from numpy_transformer.nn import LSTMLM, DecoderLM
 
 
 def test_the_command_line_offers_every_configuration():
-    assert tuple(train_step.CONFIGS) == BENCH_CONFIGS
+    assert tuple(configs.CONFIGS) == BENCH_CONFIGS
 
 
 @pytest.mark.parametrize("attention", [True, False])
@@ -26,21 +26,50 @@ def test_variants_compare_with_the_right_pytorch(attention):
 
 @pytest.mark.parametrize("name", BENCH_CONFIGS)
 def test_each_configuration_builds_its_model(name):
-    config = train_step.CONFIGS[name]
+    config = configs.CONFIGS[name]
     model = train_step._model(config, backend="numpy")
-    assert isinstance(model, LSTMLM if train_step.model_kind(config) == "lstm" else DecoderLM)
+    assert isinstance(model, LSTMLM if configs.model_kind(config) == "lstm" else DecoderLM)
     assert model.config.dtype == "float32"
 
 
-def test_step_flops_count_the_products():
-    """Three times the forward's 2 x tokens x weights (plus the attention scores)."""
-    lstm = train_step.CONFIGS["lstm"]
+def test_step_flops_of_the_lstm_count_its_products():
+    """Three times the forward's 2 x tokens x weights."""
+    lstm = configs.CONFIGS["lstm"]
     m = lstm["model"]
     weights = 4 * m["hidden"] * (m["embed"] + m["hidden"]) + m["hidden"] * m["vocab"]
-    assert train_step.step_flops(lstm) == 3 * 2 * 64 * 100 * weights
-    chapter = train_step.CONFIGS["chapter"]
-    c = chapter["model"]
+    assert configs.step_flops(lstm) == 3 * 2 * 64 * 100 * weights
+
+
+@pytest.mark.parametrize("name", [n for n in BENCH_CONFIGS if n != "lstm"])
+def test_step_flops_count_the_products(name):
+    """Three times the forward's 2 x tokens x weights, plus the visible half of the causal
+    scores and of p v: the sum over the products' shapes is the textbook count."""
+    config = configs.CONFIGS[name]
+    c, n, t = config["model"], config["batch"] * config["context"], config["context"]
     linear = c["layers"] * (4 * c["width"] ** 2 + 2 * c["width"] * c["ffn_width"]) \
         + c["width"] * c["vocab"]
-    scores = c["layers"] * 2 * 64 * 100 * 100 * c["width"]
-    assert train_step.step_flops(chapter) == 3 * (2 * 64 * 100 * linear + scores)
+    scores = c["layers"] * 2 * n * t * c["width"]
+    assert configs.step_flops(config) == 3 * (2 * n * linear + scores)
+
+
+def test_the_gpt2_configuration_has_gpt2_smalls_parameters():
+    """124.5 M with the head tied (GPT-2 small's 124.4 M, its vocabulary padded to 50,304)."""
+    model = train_step._model(configs.CONFIGS["gpt2"], backend="numpy")
+    count = sum(p.size for _, p, _ in model.named_parameters())
+    assert 124.0e6 < count < 124.6e6, count
+
+
+def test_the_summary_prints_the_fraction_of_the_products_rate(capsys):
+    """The effective GFLOP/s over the products' rate, for ours and for PyTorch."""
+    from types import SimpleNamespace
+
+    from numpy_transformer.bench import summary
+
+    cfg = configs.CONFIGS["chapter"]
+    step = configs.step_flops(cfg) / 50e9  # a step at 50 GFLOP/s
+    ours = SimpleNamespace(times=[step], rss_mib=100.0, first_loss=4.8, first_step=1.0)
+    theirs = SimpleNamespace(times=[2 * step], rss_mib=200.0, first_loss=4.8, first_step=1.0)
+    summary.print_summary(cfg, ours, theirs, {"cold": 9.0, "warm": 1.0}, (200.0, 250.0), 2)
+    out = capsys.readouterr().out
+    assert "| fraction of the products' rate (200 GFLOP/s) | 0.25 | 0.12 |" in out
+    assert "| effective GFLOP/s | 50.0 | 25.0 |" in out

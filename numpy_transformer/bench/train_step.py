@@ -6,8 +6,8 @@ Usage (anywhere the package is installed; ``benchmarks/bench_train_step.py`` is 
     python -m numpy_transformer.bench.train_step --config wide    # 6 layers, width 384
     python -m numpy_transformer.bench.train_step --quick          # a few steps, 1 thread
 
-Configurations (float32, Adam lr 1e-3, global-norm clipping at 1.0, constant learning rate;
-every decoder causal, vocabulary 104):
+Configurations (:mod:`.configs`; float32, Adam lr 1e-3, global-norm clipping at 1.0, constant
+learning rate; every decoder causal, vocabulary 104 but for ``gpt2``):
 
 * ``chapter``: the chapter's 132,488-parameter character model, ``TransformerConfig(width=84,
   heads=4, layers=2, ffn_width=168, max_len=100, activation="relu", embed_scale=True)``,
@@ -17,6 +17,9 @@ every decoder causal, vocabulary 104):
 * ``wide``: the chapter's model grown to 6 layers of width 384 (6 heads of 64, ReLU FFN 1536),
   10.7 M parameters, batch 16 x context 256.
 * ``long``: 4 layers of width 256 (4 heads of 64, ReLU FFN 1024) at context 1024, batch 4.
+* ``gpt2``: GPT-2 small's shape, 12 layers of width 768 (12 heads of 64, tanh-GELU FFN 3072),
+  learned positions, vocabulary 50,304 with the head tied to the token table, 124 M
+  parameters, batch 1 x context 1024.
 * ``lstm``: the char-LM chapter's third model, ``LSTMLM(LSTMConfig(vocab=104, embed=85,
   hidden=128, max_len=100))``, 132,336 parameters, batch 64 x context 100; its PyTorch twin
   is ``nn.Embedding`` + ``nn.LSTM(batch_first=True)`` + ``nn.Linear`` (there is no attention,
@@ -45,8 +48,11 @@ a burst of load from other jobs hits every variant alike. A step is timed with
 ``time.perf_counter`` around the whole step; the table gives the median over all measured
 steps after ``--warmup`` warm-up steps (which also load the compiled Numba kernels), the
 ratio ours / torch at the same thread count, and the effective GFLOP/s (:func:`step_flops`
-over the median step) beside the machine's float32 matrix-product rate measured in the same
-run before and after the workers (:mod:`.sgemm`). Peak RSS is ``ru_maxrss`` of each worker.
+over the median step) as a fraction of the rate of the step's own matrix products on this
+machine's BLAS, measured in the same run before, between and after the rounds, while the
+workers wait (:mod:`.sgemm`; their median; the square 1024^3 rate beside it). The head of
+the output names the CPU, its SIMD level and the BLAS kernels (:mod:`.machine`), with a
+warning when those are older than the CPU. Peak RSS is ``ru_maxrss`` of each worker.
 """
 
 from __future__ import annotations
@@ -54,61 +60,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import BENCH_CONFIGS
+from .configs import CONFIGS, model_kind, step_flops
 
 # the folder holding the numpy_transformer package: put first on the workers' path, so that
 # they import this very copy (a source checkout or an installed one)
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
-
-CONFIGS = {
-    "chapter": dict(model=dict(vocab=104, width=84, heads=4, layers=2, ffn_width=168,
-                               max_len=100, activation="relu", embed_scale=True),
-                    batch=64, context=100),
-    "small": dict(model=dict(vocab=104, width=128, heads=4, layers=4, ffn_width=512,
-                             max_len=64, activation="gelu", positions="learned"),
-                  batch=12, context=64),
-    "wide": dict(model=dict(vocab=104, width=384, heads=6, layers=6, ffn_width=1536,
-                            max_len=256, activation="relu", embed_scale=True),
-                 batch=16, context=256),
-    "long": dict(model=dict(vocab=104, width=256, heads=4, layers=4, ffn_width=1024,
-                            max_len=1024, activation="relu", embed_scale=True),
-                 batch=4, context=1024),
-    "lstm": dict(model=dict(vocab=104, embed=85, hidden=128, max_len=100), batch=64,
-                 context=100, kind="lstm"),
-}
-assert tuple(CONFIGS) == BENCH_CONFIGS  # the names the command line offers
-
-
-def model_kind(config: dict) -> str:
-    """``"transformer"`` or ``"lstm"``: which model a configuration trains (``train --model``)."""
-    return config.get("kind", "transformer")
-
-
-def step_flops(config: dict) -> float:
-    """Floating-point operations of the matrix products of one training step of ``config``.
-
-    Forward: ``2 N P`` for the N = batch x context tokens through the P weights of the linear
-    layers (q, k, v, output, the FFN's two, the vocabulary head), and ``2 B T^2 C`` per layer
-    for the visible half of the causal scores ``q k^T`` and of ``p v``. The backward pass
-    costs twice the forward: a step is three times the forward. Norms, softmax, Adam and the
-    other elementwise work are left out, as is usual for a model-FLOP count.
-    """
-    m, b, t = config["model"], config["batch"], config["context"]
-    if model_kind(config) == "lstm":  # gates 4H from the input E and from h; the head
-        e, h = m["embed"], m["hidden"]
-        return 3.0 * 2 * b * t * (4 * h * (e + h) + h * m["vocab"])
-    c, f = m["width"], m["ffn_width"]
-    weights = m["layers"] * (4 * c * c + 2 * c * f) + c * m["vocab"]
-    forward = 2 * b * t * weights + m["layers"] * 2 * b * t * t * c
-    return 3.0 * forward
-
 
 # ---------------------------------------------------------------------------------------------
 # Worker side: one variant; reads a number of steps per line on stdin, answers one JSON line
@@ -305,9 +269,14 @@ def variants_for(threads: list[int], numpy: bool = True, torch: bool = True,
     return variants
 
 
-def measure(config: str, variants: list[tuple], steps: int, warmup: int,
-            rounds: int) -> list[Worker]:
-    """Start one worker per variant and time them in turn; returns the closed workers."""
+def measure(config: str, variants: list[tuple], steps: int, warmup: int, rounds: int,
+            between: Callable[[], None] | None = None) -> list[Worker]:
+    """Start one worker per variant and time them in turn; returns the closed workers.
+
+    ``between`` is called before the first round and after each, while the workers wait: the
+    main process measures the machine's matrix-product rate there, so that a burst of load
+    from elsewhere hits the ceiling as it hits the steps.
+    """
     workers = [Worker(label, v, config, n, blas) for label, v, n, blas in variants]
     try:
         for w in workers:
@@ -315,8 +284,12 @@ def measure(config: str, variants: list[tuple], steps: int, warmup: int,
         for w in workers:
             w.run(warmup, keep=False)
         for n in [steps // rounds + (r < steps % rounds) for r in range(rounds)]:
+            if between:
+                between()
             for w in workers:  # in turn, so load from elsewhere hits every variant alike
                 w.run(n)
+        if between:
+            between()
         for w in workers:
             w.close()
     finally:
@@ -340,43 +313,38 @@ def torch_installed() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def machine_info() -> str:
-    """Processor, versions and the load average, for the head of a table."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    def installed(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return "not installed"
-
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
-    return (f"{platform.processor() or platform.machine()}, nproc {os.cpu_count()}, Python "
-            f"{platform.python_version()}, NumPy {installed('numpy')}, Numba "
-            f"{installed('numba')}, torch {installed('torch')}; load average {load}")
-
-
-def print_table(config: str, workers: list[Worker], sgemm: dict[int, list[float]]) -> None:
-    """The markdown table of a run: one row per worker, ratios to torch at its thread count."""
+def print_table(config: str, workers: list[Worker], sgemm: dict[int, list[float]],
+                shapes: dict[int, list[float]]) -> None:
+    """The markdown table of a run: one row per worker, ratios to torch at its thread count,
+    and the effective GFLOP/s as a fraction of the rate of the step's products (``shapes``,
+    by thread count, measured between the rounds; ``sgemm`` the square rate)."""
     medians = {w.label: median(w.times) for w in workers}
     fused = {w.threads: medians[w.label] for w in workers if w.variant == "torch-sdpa"}
     twin = {w.threads: medians[w.label] for w in workers if w.variant == "torch"}
     cfg = CONFIGS[config]
     tokens, flops = cfg["batch"] * cfg["context"], step_flops(cfg)
     print("\n| variant | threads (numba/torch, BLAS) | median step (ms) | min (ms) "
-          "| / torch F.sdpa | / torch twin | tokens/s | GFLOP/s | peak RSS (MiB) | first loss |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| / torch F.sdpa | / torch twin | tokens/s | GFLOP/s | / products' rate "
+          "| peak RSS (MiB) | first loss |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for w in workers:
         med = medians[w.label]
         ratios = [f"{med / ref[w.threads]:.2f}" if w.threads in ref else "-"
                   for ref in (fused, twin)]
+        gflops = flops / med / 1e9
         print(f"| {w.label} | {w.threads}, {w.blas} | {1e3 * med:.1f} | "
               f"{1e3 * min(w.times):.1f} | {ratios[0]} | {ratios[1]} | {tokens / med:,.0f} | "
-              f"{flops / med / 1e9:.1f} | {w.rss_mib:.0f} | {w.first_loss:.5f} |")
-    print(f"\nmodel FLOPs per step {flops / 1e9:.2f} G (bench.train_step.step_flops); sgemm "
-          "(NumPy's BLAS, float32 1024^3) before / after the workers: " + "; ".join(
-              f"{n} thr {' / '.join(f'{g:.0f}' for g in rates)} GFLOP/s"
-              for n, rates in sorted(sgemm.items())))
+              f"{gflops:.1f} | {gflops / median(shapes[w.threads]):.2f} | {w.rss_mib:.0f} | "
+              f"{w.first_loss:.5f} |")
+
+    def rates(measured: dict[int, list[float]]) -> str:
+        return "; ".join(f"{n} thr {' / '.join(f'{g:.0f}' for g in r)}"
+                         for n, r in sorted(measured.items()))
+
+    print(f"\nmodel FLOPs per step {flops / 1e9:.2f} G (bench.configs.step_flops). GFLOP/s of "
+          f"NumPy's BLAS before, between and after the rounds: the step's products at their "
+          f"own shapes (bench.sgemm.products_gflops; the fraction's denominator is their "
+          f"median) {rates(shapes)}; float32 1024^3 {rates(sgemm)}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -400,22 +368,27 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.quick:
         args.steps, args.warmup, args.rounds, threads = 6, 2, 2, [1]
-    from .sgemm import sgemm_gflops
+    from .machine import machine_lines
+    from .sgemm import products_gflops, sgemm_gflops
 
     variants = variants_for(threads, numpy=not args.no_numpy, torch=torch_installed(),
                             attention=model_kind(CONFIGS[args.config]) == "transformer")
     if args.no_twin:
         variants = [v for v in variants if v[1] != "torch"]
-    print(machine_info(), flush=True)
+    print("\n".join(machine_lines()), flush=True)
     cfg = CONFIGS[args.config]
     print(f"config {args.config}: {cfg['model']}, batch {cfg['batch']} x context "
           f"{cfg['context']}; {args.warmup} warm-up + {args.steps} measured steps per "
           f"variant in {args.rounds} rounds", flush=True)
-    sgemm = {n: [sgemm_gflops(n)] for n in threads}
-    workers = measure(args.config, variants, args.steps, args.warmup, args.rounds)
-    for n in threads:
-        sgemm[n].append(sgemm_gflops(n))
-    print_table(args.config, workers, sgemm)
+    sgemm, shapes = defaultdict(list), defaultdict(list)
+
+    def ceilings() -> None:
+        for n in threads:
+            sgemm[n].append(sgemm_gflops(n))
+            shapes[n].append(products_gflops(cfg, n))
+
+    workers = measure(args.config, variants, args.steps, args.warmup, args.rounds, ceilings)
+    print_table(args.config, workers, sgemm, shapes)
     print(f"\nload average at end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
