@@ -31,6 +31,7 @@ from .folder import (
     new_run_folder,
     write_description,
 )
+from .init_from import Source
 from .outputs import (
     EXIT_DIVERGED,
     EXIT_IO,
@@ -46,16 +47,22 @@ from .state import Run, read_run, rebuild_run
 
 
 def start_run(config_fields: dict, options: dict, out: str | None, force: bool,
-              progress: bool = True) -> int:
-    """Build a new run, prepare its folder and train it; returns the exit code."""
+              progress: bool = True, source: Source | None = None) -> int:
+    """Build a new run (from ``source``'s weights and tokenizer, for ``--init-from``),
+    prepare its folder and train it; returns the exit code."""
     try:
-        run = Run(config_fields, options)
+        run = Run(config_fields, options) if source is None else source.new_run(config_fields,
+                                                                                 options)
     except ValueError as e:  # load_text and friends name the problem
         raise UsageError(str(e)) from None
     with new_run_folder(out, run.description(), force) as held:
         run_dir = held.folder
         say(f"run folder {run_dir}")
         say(run.summary())
+        if run.started_from:
+            start = run.started_from
+            say(f"starting from {start['path']}" + ("" if start["step"] is None else
+                f" (step {start['step']})") + f", weights sha256 {start['weights_sha256'][:16]}")
         if run.tokenizer is not None:
             source = options["text"] or "the embedded corpus"
             say(f"data: {source}, {len(run.train_ids) + len(run.val_ids):,} characters, "

@@ -137,6 +137,10 @@ OPTIONS = (
            "(EncoderDecoder)", choices=TASKS, default=DEFAULT_TASK),
     Option("text", DATA, "UTF-8 text to train the LM on", metavar="FILE", default=None,
            shown={None: "the embedded corpus: this library's own source"}),
+    Option("init_from", DATA, "start from the weights, model options and tokenizer of a run "
+           "folder (its checkpoint.npz), a checkpoint .npz or an exported folder (safetensors "
+           "or Hugging Face): a new run from step 0, with fresh optimiser state", metavar="SOURCE",
+           default=None, since=(4, None)),  # runs written before it started from their seed
     Option("model", MODEL, "the language model: a Transformer (DecoderLM) or an LSTM "
            "(LSTMLM); --task lm only", choices=MODELS, default=DEFAULT_MODEL,
            since=(2, DEFAULT_MODEL)),  # runs written before --model trained a Transformer
@@ -308,8 +312,9 @@ def resolve_options(task: str | None, given: dict) -> tuple[dict, dict]:
     config = {k: values[k] for k in MODEL_KEYS[model]}
     train = {k: values[k] for k in TRAIN_KEYS}
     check_together(config, train)
-    if train["text"] is not None:
-        train["text"] = os.path.abspath(train["text"])  # resume works from any folder
+    for key in ("text", "init_from"):  # resume works from any folder
+        if train[key] is not None:
+            train[key] = os.path.abspath(train[key])
     return config, train
 
 
@@ -389,8 +394,9 @@ def check_together(config: dict, train: dict) -> None:
     UsageError
     """
     task = train["task"]
-    if task != "lm" and train["text"] is not None:
-        raise UsageError(f"--text is for --task lm; the {task} task makes its own data")
+    for key in ("text", "init_from"):
+        if task != "lm" and train[key] is not None:
+            raise UsageError(f"{flag(key)} is for --task lm; the {task} task makes its own data")
     if train["schedule"] == "cosine" and train["warmup"] >= train["steps"]:
         raise UsageError(f"--warmup {train['warmup']} must be smaller than --steps "
                          f"{train['steps']} for the cosine schedule")

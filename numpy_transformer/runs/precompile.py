@@ -41,6 +41,7 @@ import numpy as np
 
 from ..backend import KERNELS_VARIABLE
 from ..config import KERNEL_MODULES
+from ..data import CharTokenizer
 from ..generate import generate
 from ..memory import available_memory, training_bytes
 from ..threads import available_cores
@@ -155,14 +156,16 @@ def worker_env(group: tuple[str, ...]) -> dict:
 def worker_job(run: Run) -> dict:
     """What a worker needs to build the run again: its config fields and options (one step)."""
     fields = {k: getattr(run.config, k) for k in MODEL_KEYS[run.model_kind]}
-    return {"config": fields, "options": {**run.options, "steps": 1}}
+    return {"config": fields, "options": {**run.options, "steps": 1},
+            "tokenizer": run.tokenizer and run.tokenizer.to_dict()}
 
 
 def work(job: dict) -> None:
     """One worker's job (:func:`worker_job`), on the kernels of ``NUMPY_TRANSFORMER_KERNELS``
     (the rest on the references): what the run calls, the run's first step, an evaluation
     forward and, for a language model, the report's sample (one new row at a time)."""
-    run = Run(job["config"], job["options"])
+    tokenizer = job["tokenizer"] and CharTokenizer.from_dict(job["tokenizer"])
+    run = Run(job["config"], job["options"], tokenizer=tokenizer or None)
     batch = run.batch(0)
     run.trainer.step(batch)
     run.model.eval()

@@ -78,19 +78,38 @@ class Run:
     options : dict
         Training options, including ``task`` and ``model``
         (:func:`~.options.resolve_options`).
+    tokenizer : CharTokenizer, optional
+        The LM's tokenizer, where it is not made from its text: that of the model it started
+        from (``--init-from``), or the one its checkpoint holds.
+    started_from : dict, optional
+        What ``config.json`` records of the model it started from (``runs/init_from.py``).
+
+    Raises
+    ------
+    UsageError
+        If the text has characters outside the given tokenizer (they are named), or the run
+        does not fit.
     """
 
-    def __init__(self, config_fields: dict, options: dict) -> None:
+    def __init__(self, config_fields: dict, options: dict, tokenizer: CharTokenizer | None = None,
+                 started_from: dict | None = None) -> None:
         self.options = options
         self.task = options["task"]
         self.model_kind = options["model"]  # "transformer" or "lstm" (--model)
+        self.started_from = started_from
         seed = options["seed"]
         self.tokenizer: CharTokenizer | None = None
         self.length = config_fields["max_len"]  # T: LM window; task sequence length
         extra: dict = {}
         if self.task == "lm":
             text = training_text(options)
-            self.tokenizer = CharTokenizer(text)
+            self.tokenizer = tokenizer or CharTokenizer(text)
+            missing = self.tokenizer.missing(text)
+            if missing:
+                shown = "".join(missing[:20]) + ("..." if len(missing) > 20 else "")
+                raise UsageError(f"{options['text'] or 'the embedded corpus'} has {len(missing)} "
+                                 f"character(s) outside the tokenizer's vocabulary of "
+                                 f"{self.tokenizer.vocab_size}: {shown!r}")
             ids = self.tokenizer.encode(text)
             if len(ids) < 20:
                 raise UsageError(f"the text has {len(ids)} characters; a language model needs "
@@ -239,13 +258,16 @@ class Run:
                 f"{c.dtype}, {c.backend} attention")
 
     def meta(self, finished: bool, **more) -> dict:
+        started = {"started_from": self.started_from} if self.started_from else {}
         return {"finished": finished, "model": type(self.model).__name__,
-                "data_fingerprint": self.data_fingerprint, **more}
+                "data_fingerprint": self.data_fingerprint, **started, **more}
 
     def description(self) -> dict:
-        """What config.json holds; two runs with equal config and options are the same run."""
+        """What config.json holds; two runs with equal config and options are the same run.
+        A run that started from another model's weights also says which ones."""
+        started = {"started_from": self.started_from} if self.started_from else {}
         return {"format_version": FORMAT_VERSION, "config": dataclasses.asdict(self.config),
-                "options": self.options}
+                "options": self.options, **started}
 
     # ---------------------------------------------------------------- checkpoints
     def save(self, path: Path, finished: bool = False, **meta) -> None:
@@ -376,8 +398,14 @@ def rebuild_run(stored: StoredRun) -> Run:
     """
     source, ckpt = stored.source, stored.checkpoint
     fields = {k: stored.config[k] for k in MODEL_KEYS[stored.options["model"]]}
+    started = stored.options.get("init_from")
+    if started and ckpt is None:
+        raise CheckpointError(f"{source}: a run started from {started}, stopped before its "
+                              f"first checkpoint; start it again with --force")
     try:
-        run = Run(fields, dict(stored.options))
+        own = started and CharTokenizer.from_dict(ckpt.tokenizer)  # not one of the text
+        run = Run(fields, dict(stored.options), tokenizer=own or None,
+                  started_from=ckpt and ckpt.meta.get("started_from"))
     except (ValueError, TypeError, KeyError) as e:  # e.g. the --text file is gone
         raise CheckpointError(f"{source}: cannot rebuild the run: {e}") from None
     if ckpt is not None:
