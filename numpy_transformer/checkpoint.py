@@ -12,7 +12,8 @@ What a checkpoint holds (every key of the ``.npz``)::
                           (each Dropout layer's, the task's data generator, the sampler's)
     config                JSON: the model's TransformerConfig as a dict
     options               JSON: the training options (task, steps, lr, ...)
-    tokenizer             JSON: CharTokenizer.to_dict(), or null for the synthetic tasks
+    tokenizer             JSON: CharTokenizer.to_dict() or BPETokenizer.to_dict() (bpe.py),
+                          or null for the synthetic tasks
     meta                  JSON: anything else the trainer wants back (e.g. "finished")
 
 JSON travels as a 0-d unicode array (``np.array(json_str)``) so the file is read with
@@ -397,8 +398,10 @@ def _check_values(path: Path, arrays: dict[str, np.ndarray], decoded: dict, m: d
     if negative is not None:
         raise CheckpointError(f"{path}: adam_v.{negative} holds negative second moments")
     tokenizer, vocab = decoded["tokenizer"], decoded["config"].get("vocab")
-    if tokenizer is not None and not (isinstance(tokenizer, dict)
-                                      and isinstance(tokenizer.get("chars"), str)
-                                      and len(tokenizer["chars"]) == vocab):
+    size = None  # a CharTokenizer's characters, or what a BPETokenizer's dict says
+    if isinstance(tokenizer, dict):
+        size = len(tokenizer["chars"]) if isinstance(tokenizer.get("chars"), str) else \
+            tokenizer.get("vocab_size") if isinstance(tokenizer.get("bpe"), str) else None
+    if tokenizer is not None and size != vocab:
         raise CheckpointError(f"{path}: the tokenizer does not match the embedding table of "
                               f"{vocab!r} tokens in the config")

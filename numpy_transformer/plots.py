@@ -102,7 +102,7 @@ def _snippet(run):
     model = run.model
     if run.task == "lm":
         ids = np.asarray(run.val_ids[:min(run.config.max_len, 40)])
-        chars = [repr(ch)[1:-1] for ch in run.tokenizer.decode(ids)]
+        chars = [repr(run.tokenizer.decode(ids[i:i + 1]))[1:-1] for i in range(len(ids))]
         return model.decoder.blocks[-1].attn, (ids[None, :],), chars, chars
     inputs = tuple(a[:1] for a in run.eval_set.inputs)
     if run.task == "reverse":  # cross-attention: target positions read the source

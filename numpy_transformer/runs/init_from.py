@@ -7,9 +7,10 @@ of GPT-2's or LLaMA's shape, ``export --format hf``). It must hold a language mo
 tokenizer.
 
 The new run takes from the source what its weights need: the model's options (its shape) and
-the tokenizer, which must cover the new text. Everything else is the new run's: the text, the
-steps, the optimiser and its settings (fresh moments, step 0), the seed (data order, dropout),
-and the dtype, backend and dropout rate, which the weights do not fix. A model option given
+the tokenizer (characters, which must cover the new text, or a BPE). Everything else is the
+new run's: the text, the steps, the optimiser and its settings (fresh moments, step 0), the
+seed (data order, dropout), and the dtype, backend and dropout rate, which the weights do not
+fix. A model option given
 that differs from the source's is refused, naming each. ``config.json`` records where the run
 started: ``"started_from": {"path", "weights_sha256", "step"}``, the SHA-256 of the weights
 (``data.fingerprint``) as the new run's first step finds them.
@@ -21,6 +22,7 @@ import dataclasses
 from pathlib import Path
 from typing import NamedTuple
 
+from ..bpe import BPETokenizer
 from ..data import CharTokenizer, fingerprint
 from ..nn import LSTMLM, DecoderLM, Module
 from .options import BY_KEY, MODEL_KEYS, flag, resolve_options, shown
@@ -36,7 +38,7 @@ class Source(NamedTuple):
 
     path: Path  # what --init-from named, absolute
     model: Module  # DecoderLM or LSTMLM
-    tokenizer: CharTokenizer
+    tokenizer: CharTokenizer | BPETokenizer
     step: int | None  # the updates a checkpoint had made; None for an exported folder
 
     def record(self) -> dict:
@@ -102,7 +104,10 @@ def resolve_init_from(given: dict) -> tuple[dict, dict, Source]:
     source = read_source(given["init_from"])
     kind = "lstm" if isinstance(source.model, LSTMLM) else "transformer"
     config = dataclasses.asdict(source.model.config)
-    fixed = {"model": kind, **{k: config[k] for k in MODEL_KEYS[kind] if k not in FREE_FIELDS}}
+    bpe = isinstance(source.tokenizer, BPETokenizer)
+    fixed = {"model": kind, **{k: config[k] for k in MODEL_KEYS[kind] if k not in FREE_FIELDS},
+             "tokenizer": "bpe" if bpe else "char",
+             "vocab_size": source.tokenizer.vocab_size if bpe else None}
     conflicts = [f"{flag(k)} {shown(BY_KEY[k], given[k])} (the source's: "
                  f"{shown(BY_KEY[k], value)})" for k, value in fixed.items()
                  if given.get(k) is not None and given[k] != value]

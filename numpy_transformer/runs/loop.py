@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..files import atomic_write_text
 from ..train import NonFiniteError, ProgressBar
 from .folder import (
     checkpoint_path,
@@ -37,6 +38,7 @@ from .outputs import (
     EXIT_IO,
     EXIT_OK,
     EXIT_ON_SIGNAL,
+    TOKENIZER,
     UsageError,
     describe_os_error,
     say,
@@ -65,9 +67,12 @@ def start_run(config_fields: dict, options: dict, out: str | None, force: bool,
                 f" (step {start['step']})") + f", weights sha256 {start['weights_sha256'][:16]}")
         if run.tokenizer is not None:
             source = options["text"] or "the embedded corpus"
-            say(f"data: {source}, {len(run.train_ids) + len(run.val_ids):,} characters, "
+            unit = "characters" if options["tokenizer"] == "char" else "BPE tokens"
+            say(f"data: {source}, {len(run.train_ids) + len(run.val_ids):,} {unit}, "
                 f"vocabulary {run.tokenizer.vocab_size}; {options['steps']} steps of "
                 f"{options['batch']} windows")
+        if options["tokenizer"] == "bpe":
+            atomic_write_text(run_dir / TOKENIZER, run.tokenizer.to_dict()["bpe"])
         run.save(checkpoint_path(run_dir))  # step 0: a run folder always holds a checkpoint
         return train(run, run_dir, progress)
 

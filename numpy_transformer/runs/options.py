@@ -23,9 +23,11 @@ from typing import NamedTuple
 from ..config import (
     ACTIVATIONS,
     BACKENDS,
+    BPE_MIN_VOCAB,
     DTYPES,
     NORMS,
     POSITIONS,
+    TOKENIZERS,
     LSTMConfig,
     TransformerConfig,
 )
@@ -74,6 +76,8 @@ POSITIVE = Rule(float, lambda v: 0 < v < math.inf, "a positive number")
 NONNEG = Rule(float, lambda v: 0 <= v < math.inf, "a number >= 0")
 RATE = Rule(float, lambda v: 0 <= v < 1, "a probability in [0, 1)")
 SHARE = Rule(float, lambda v: 0 < v <= 1, "a probability in (0, 1]")
+BPE_VOCAB = Rule(int, lambda v: v >= BPE_MIN_VOCAB,
+                 f"an integer >= {BPE_MIN_VOCAB} (the 256 bytes and a merge)")
 LENGTH = Rule(int, lambda v: 0 < v <= MAX_SAMPLE_LENGTH,
               f"an integer from 1 to {MAX_SAMPLE_LENGTH:,}")
 
@@ -141,6 +145,11 @@ OPTIONS = (
            "folder (its checkpoint.npz), a checkpoint .npz or an exported folder (safetensors "
            "or Hugging Face): a new run from step 0, with fresh optimiser state", metavar="SOURCE",
            default=None, since=(4, None)),  # runs written before it started from their seed
+    Option("tokenizer", DATA, "char: a token per character; bpe: a byte-level BPE learned on "
+           "the text (needs the tokenizers package of the hf extra)", choices=TOKENIZERS,
+           default=TOKENIZERS[0], since=(4, TOKENIZERS[0])),  # before it: characters
+    Option("vocab_size", DATA, "the BPE's vocabulary size, --tokenizer bpe only",
+           rule=BPE_VOCAB, default=None, metavar="N", since=(4, None)),
     Option("model", MODEL, "the language model: a Transformer (DecoderLM) or an LSTM "
            "(LSTMLM); --task lm only", choices=MODELS, default=DEFAULT_MODEL,
            since=(2, DEFAULT_MODEL)),  # runs written before --model trained a Transformer
@@ -394,9 +403,11 @@ def check_together(config: dict, train: dict) -> None:
     UsageError
     """
     task = train["task"]
-    for key in ("text", "init_from"):
+    for key in ("text", "init_from", "vocab_size"):
         if task != "lm" and train[key] is not None:
             raise UsageError(f"{flag(key)} is for --task lm; the {task} task makes its own data")
+    if (train["tokenizer"] == "bpe") != (train["vocab_size"] is not None):
+        raise UsageError("--tokenizer bpe takes its size from --vocab-size N, and only it does")
     if train["schedule"] == "cosine" and train["warmup"] >= train["steps"]:
         raise UsageError(f"--warmup {train['warmup']} must be smaller than --steps "
                          f"{train['steps']} for the cosine schedule")

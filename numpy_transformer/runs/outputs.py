@@ -53,6 +53,8 @@ EXIT_ON_SIGNAL = {signal.SIGINT: EXIT_SIGINT, signal.SIGTERM: EXIT_SIGTERM}  # 1
 RUN_FILES = {  # every file a run writes into its folder, in the order it first writes them
     "config.json": "the format version, the model config and the training options (written "
                    "first)",
+    "tokenizer.json": "the byte-level BPE, in the tokenizers package's format (the checkpoint "
+                      "holds it too)",
     "checkpoint.npz": "weights, Adam moments, step, every RNG state (see checkpoint.py)",
     "log.jsonl": 'one JSON line per step {"step", "loss", "lr", "grad_norm", "tokens_per_s", '
                  '"time" (Unix seconds)} '
@@ -63,19 +65,21 @@ RUN_FILES = {  # every file a run writes into its folder, in the order it first 
     "attention.png": "last layer's attention weights on a held-out snippet, one panel per head",
     "sample.txt": "a sample from the final model",
 }
-CONFIG, CHECKPOINT, LOG, BEST, LOSS_PLOT, ATTENTION_PLOT, SAMPLE = RUN_FILES  # their names
+CONFIG, TOKENIZER, CHECKPOINT, LOG, BEST, LOSS_PLOT, ATTENTION_PLOT, SAMPLE = RUN_FILES  # names
 REPORT_FILES = (LOSS_PLOT, ATTENTION_PLOT, SAMPLE)  # written after the last step (report.py)
 # The files only some runs write: (option, the value of it that writes the file, who that is).
 # An LSTM has no attention map; a synthetic task has no text to sample.
-WRITTEN_ONLY_BY = {ATTENTION_PLOT: ("model", "transformer", "Transformers"),
+WRITTEN_ONLY_BY = {TOKENIZER: ("tokenizer", "bpe", "--tokenizer bpe"),
+                   ATTENTION_PLOT: ("model", "transformer", "Transformers"),
                    SAMPLE: ("task", "lm", "language models")}
 
 
 def files_of(task: str, model: str, names: tuple[str, ...] = tuple(RUN_FILES)) -> tuple[str, ...]:
-    """Those of ``names`` that a run of ``task`` and ``model`` writes (``WRITTEN_ONLY_BY``)."""
+    """Those of ``names`` that a run of ``task`` and ``model`` writes (``WRITTEN_ONLY_BY``;
+    the tokenizer's file, which neither decides, is left out)."""
     run = {"task": task, "model": model}
     return tuple(name for name in names if name not in WRITTEN_ONLY_BY
-                 or run[WRITTEN_ONLY_BY[name][0]] == WRITTEN_ONLY_BY[name][1])
+                 or run.get(WRITTEN_ONLY_BY[name][0]) == WRITTEN_ONLY_BY[name][1])
 
 
 # --------------------------------------------------------------------------------------------

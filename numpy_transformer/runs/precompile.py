@@ -40,8 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import KERNELS_VARIABLE
+from ..bpe import tokenizer_from_dict
 from ..config import KERNEL_MODULES
-from ..data import CharTokenizer
 from ..generate import generate
 from ..memory import available_memory, training_bytes
 from ..threads import available_cores
@@ -164,7 +164,7 @@ def work(job: dict) -> None:
     """One worker's job (:func:`worker_job`), on the kernels of ``NUMPY_TRANSFORMER_KERNELS``
     (the rest on the references): what the run calls, the run's first step, an evaluation
     forward and, for a language model, the report's sample (one new row at a time)."""
-    tokenizer = job["tokenizer"] and CharTokenizer.from_dict(job["tokenizer"])
+    tokenizer = job["tokenizer"] and tokenizer_from_dict(job["tokenizer"])
     run = Run(job["config"], job["options"], tokenizer=tokenizer or None)
     batch = run.batch(0)
     run.trainer.step(batch)

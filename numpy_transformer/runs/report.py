@@ -93,8 +93,9 @@ def _report(run: Run, run_dir: Path) -> int:
         log.write(json.dumps({"step": run.trainer.step_count, **result, "final": True}) + "\n")
     line = f"held-out loss {result['val_loss']:.4f}"
     if run.task == "lm":
+        unit = "character" if run.options["tokenizer"] == "char" else "BPE token"
         line += (f" (fixed windows of {run.config.max_len}; "
-                 f"{result['val_loss'] / math.log(2):.3f} bits per character)")
+                 f"{result['val_loss'] / math.log(2):.3f} bits per {unit})")
     if "val_acc" in result:
         line += f", accuracy {result['val_acc']:.3f}"
     say(line)

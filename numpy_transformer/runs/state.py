@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..bpe import BPETokenizer, tokenizer_from_dict
 from ..checkpoint import (
     FORMAT_VERSION,
     Checkpoint,
@@ -78,9 +79,9 @@ class Run:
     options : dict
         Training options, including ``task`` and ``model``
         (:func:`~.options.resolve_options`).
-    tokenizer : CharTokenizer, optional
+    tokenizer : CharTokenizer or BPETokenizer, optional
         The LM's tokenizer, where it is not made from its text: that of the model it started
-        from (``--init-from``), or the one its checkpoint holds.
+        from (``--init-from``), or the one its checkpoint holds (made once: a BPE's).
     started_from : dict, optional
         What ``config.json`` records of the model it started from (``runs/init_from.py``).
 
@@ -91,19 +92,20 @@ class Run:
         does not fit.
     """
 
-    def __init__(self, config_fields: dict, options: dict, tokenizer: CharTokenizer | None = None,
+    def __init__(self, config_fields: dict, options: dict,
+                 tokenizer: CharTokenizer | BPETokenizer | None = None,
                  started_from: dict | None = None) -> None:
         self.options = options
         self.task = options["task"]
         self.model_kind = options["model"]  # "transformer" or "lstm" (--model)
         self.started_from = started_from
         seed = options["seed"]
-        self.tokenizer: CharTokenizer | None = None
+        self.tokenizer: CharTokenizer | BPETokenizer | None = None
         self.length = config_fields["max_len"]  # T: LM window; task sequence length
         extra: dict = {}
         if self.task == "lm":
             text = training_text(options)
-            self.tokenizer = tokenizer or CharTokenizer(text)
+            self.tokenizer = tokenizer or new_tokenizer(text, options)
             missing = self.tokenizer.missing(text)
             if missing:
                 shown = "".join(missing[:20]) + ("..." if len(missing) > 20 else "")
@@ -316,6 +318,22 @@ def _option_label(key: str, value: int) -> str:
     return f"a vocabulary of {value} characters" if key == "vocab" else f"{flag(key)} {value}"
 
 
+def new_tokenizer(text: str, options: dict) -> CharTokenizer | BPETokenizer:
+    """The tokenizer of a new LM run: the characters of its text, or a BPE learned on it.
+
+    Raises
+    ------
+    UsageError
+        For ``--tokenizer bpe`` without the ``tokenizers`` package (one line: what to install).
+    """
+    if options["tokenizer"] == "char":
+        return CharTokenizer(text)
+    try:
+        return BPETokenizer.train(text, options["vocab_size"])
+    except ImportError as e:
+        raise UsageError(f"--tokenizer bpe: {e}") from None
+
+
 def training_text(options: dict) -> str:
     """The text an LM run trains on: its ``--text`` file, or the embedded corpus."""
     if options["text"]:
@@ -403,7 +421,8 @@ def rebuild_run(stored: StoredRun) -> Run:
         raise CheckpointError(f"{source}: a run started from {started}, stopped before its "
                               f"first checkpoint; start it again with --force")
     try:
-        own = started and CharTokenizer.from_dict(ckpt.tokenizer)  # not one of the text
+        own = (started or stored.options["tokenizer"] != "char") and tokenizer_from_dict(
+            ckpt.tokenizer)  # the source's, or a BPE's: the checkpoint's, not made again
         run = Run(fields, dict(stored.options), tokenizer=own or None,
                   started_from=ckpt and ckpt.meta.get("started_from"))
     except (ValueError, TypeError, KeyError) as e:  # e.g. the --text file is gone
@@ -453,8 +472,8 @@ def model_from_checkpoint(target: str | Path, note: Callable[[str], None] = say)
     tokenizer = None
     if stored.checkpoint.tokenizer is not None:
         try:
-            tokenizer = CharTokenizer.from_dict(stored.checkpoint.tokenizer)
-        except ValueError as e:
+            tokenizer = tokenizer_from_dict(stored.checkpoint.tokenizer)
+        except (ImportError, ValueError) as e:
             raise CheckpointError(f"{path}: bad tokenizer: {e}") from None
     return model, tokenizer, stored.checkpoint
 
@@ -463,7 +482,7 @@ class LoadedRun(NamedTuple):
     """A trained run, ready to use from Python (:func:`load_run`)."""
 
     model: object  # DecoderLM, EncoderClassifier, EncoderDecoder or LSTMLM, in eval mode
-    tokenizer: CharTokenizer | None  # None for the synthetic tasks (their ids are digits)
+    tokenizer: CharTokenizer | BPETokenizer | None  # None for the synthetic tasks (digits)
     config: object  # the model's TransformerConfig or LSTMConfig
     options: dict  # the training options it was trained with (task, steps, lr, ...)
     step: int  # the updates it had made when its checkpoint was written
