@@ -170,6 +170,10 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
                     _log(log, {"step": r.step, "loss": r.loss, "lr": r.lr,
                                "grad_norm": r.grad_norm, "tokens_per_s": r.tokens_per_s,
                                "time": round(time.time(), 3)})
+                    if trainer.tensor_stats:  # --stats-every: this step's, moved to the log
+                        tensors = {k: v for k, v in trainer.tensor_stats.pop().items()
+                                   if k != "step"}
+                        _log(log, {"step": r.step, "tensor_stats": tensors})
                     if bar:
                         bar.update(r)
                     if o["eval_every"] and r.step % o["eval_every"] == 0 and r.step < steps:

@@ -146,7 +146,7 @@ class Run:
         self.optimizer = opt_class(lr=options["lr"], weight_decay=options["weight_decay"],
                                    backend=self.config.backend)
         self.trainer = Trainer(self.model, self.optimizer, self.lr_schedule(),
-                               clip=options["clip"] or None)
+                               clip=options["clip"] or None, stats_every=options["stats_every"])
         self.sample_rng = np.random.default_rng([seed, 3])
 
     # ---------------------------------------------------------------- pieces
