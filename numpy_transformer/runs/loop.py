@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..files import atomic_write_text
-from ..train import NonFiniteError, ProgressBar
+from ..train import NonFiniteError, ProgressBar, StepRecord, Trainer
 from .folder import (
     checkpoint_path,
     cut_log,
@@ -167,13 +167,7 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
             with open(log_path(run_dir), "a", encoding="utf-8") as log:
                 while trainer.step_count < steps and stop.signum is None and not best.stop:
                     r = trainer.step(run.batch(trainer.step_count))
-                    _log(log, {"step": r.step, "loss": r.loss, "lr": r.lr,
-                               "grad_norm": r.grad_norm, "tokens_per_s": r.tokens_per_s,
-                               "time": round(time.time(), 3)})
-                    if trainer.tensor_stats:  # --stats-every: this step's, moved to the log
-                        tensors = {k: v for k, v in trainer.tensor_stats.pop().items()
-                                   if k != "step"}
-                        _log(log, {"step": r.step, "tensor_stats": tensors})
+                    _log_step(log, r, trainer)
                     if bar:
                         bar.update(r)
                     if o["eval_every"] and r.step % o["eval_every"] == 0 and r.step < steps:
@@ -208,6 +202,16 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
                   file=sys.stderr, flush=True)
             return EXIT_ON_SIGNAL[stop.signum]
     return write_report(run, run_dir)
+
+
+def _log_step(log, r: StepRecord, trainer: Trainer) -> None:
+    """A step's line of ``log.jsonl``, then its tensor statistics' if it kept them
+    (``--stats-every``: moved from the trainer to the log, which a resume cuts and goes on)."""
+    _log(log, {"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
+               "tokens_per_s": r.tokens_per_s, "time": round(time.time(), 3)})
+    if trainer.tensor_stats:
+        tensors = {k: v for k, v in trainer.tensor_stats.pop().items() if k != "step"}
+        _log(log, {"step": r.step, "tensor_stats": tensors})
 
 
 def _log(log, record: dict) -> None:
