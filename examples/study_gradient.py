@@ -2,10 +2,12 @@
 
     python examples/study_gradient.py runs/char-lm/safetensors/ddp        # after continue_ddp
     python examples/study_gradient.py my-gpt2-dir                          # a transformers dir
+    python examples/study_gradient.py runs/tuned                   # a run folder (an import)
 
-1. Reads the weights with ``numpy_transformer.export``: a ``model.safetensors`` written by
-   ``numpy-transformer export`` or ``examples/continue_ddp.py`` (config and tokenizer in its
-   metadata), or a Hugging Face directory of GPT-2's or LLaMA's shape.
+1. Reads the weights: a ``model.safetensors`` written by ``numpy-transformer export`` or
+   ``examples/continue_ddp.py`` (config and tokenizer in its metadata), or a Hugging Face
+   directory of GPT-2's or LLaMA's shape (``numpy_transformer.export.load_model``), or a run
+   folder (``numpy_transformer.load_run``: one that ``numpy-transformer import`` made, say).
 2. Runs one forward and one hand-written backward of the cross-entropy on a batch of the
    text, on the readable NumPy references, and prints the loss and the gradient of each
    block's tensors, largest first: every number there comes from lines of NumPy you can read
@@ -19,13 +21,15 @@ Needs ``pip install "numpy_transformer[hf]"`` (safetensors; transformers for a d
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 
+from numpy_transformer import load_run
 from numpy_transformer.corpus import load_corpus
 from numpy_transformer.data import get_batch, load_text, window_schedule
-from numpy_transformer.export import WEIGHTS_FILE, load_hf, load_safetensors
+from numpy_transformer.export import load_model
 from numpy_transformer.functional import cross_entropy_backward, cross_entropy_forward
 from numpy_transformer.gradcheck import check_direction
 
@@ -33,7 +37,7 @@ from numpy_transformer.gradcheck import check_direction
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("source", type=Path, help="a folder with model.safetensors, a .safetensors "
-                   "file, or a Hugging Face model directory")
+                   "file, a Hugging Face model directory or a run folder")
     p.add_argument("--text", type=Path, help="text for the batch [the run's, or the embedded "
                    "corpus]")
     p.add_argument("--batch", type=int, default=8, help="windows in the batch [8]")
@@ -41,21 +45,23 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def load(source: Path):
-    """The model and tokenizer in ``source``, whichever of the two formats it is."""
-    if source.is_dir() and (source / "config.json").is_file():
-        return load_hf(source, backend="numpy")
-    return load_safetensors(source / WEIGHTS_FILE if source.is_dir() else source,
-                            backend="numpy")
+def load(source: Path) -> tuple:
+    """``(model, tokenizer, the text it trained on or None)`` of ``source``, whichever kind."""
+    if (source / "checkpoint.npz").is_file():
+        run = load_run(source)  # rebuilt on the NumPy references, as the exports below are
+        model = type(run.model)(dataclasses.replace(run.config, backend="numpy"))
+        model.load_state_dict(run.model.state_dict())
+        return model, run.tokenizer, run.options.get("text")
+    exported = load_model(source, backend="numpy")
+    return exported.model, exported.tokenizer, exported.info.get("options", {}).get("text")
 
 
 def main() -> None:
     args = parse_args()
-    exported = load(args.source)
-    model, tokenizer = exported.model, exported.tokenizer
+    model, tokenizer, trained_on = load(args.source)
     if tokenizer is None:
         raise SystemExit(f"{args.source}: this example needs a character language model")
-    text_path = args.text or exported.info.get("options", {}).get("text")
+    text_path = args.text or trained_on
     ids = tokenizer.encode(load_text(text_path) if text_path else load_corpus(),
                            unknown="skip")
     context = model.config.max_len

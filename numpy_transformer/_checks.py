@@ -78,10 +78,11 @@ def check_last_dim(name: str, x: np.ndarray, size: int) -> None:
 
 
 def check_positive(name: str, value: float, integer: bool = False) -> None:
-    """Raise ``ValueError`` unless ``value`` is a positive (integer, if asked) number."""
+    """Raise ``ValueError`` unless ``value`` is a positive (integer, if asked) finite number:
+    an infinite initial scale would make every weight it draws non-finite."""
     ok = isinstance(value, (int, np.integer)) if integer else isinstance(value, (int, float))
-    if not ok or isinstance(value, bool) or not value > 0:
-        kind = "a positive integer" if integer else "a positive number"
+    if not ok or isinstance(value, bool) or not 0 < value < math.inf:
+        kind = "a positive integer" if integer else "a positive finite number"
         raise ValueError(f"{name} must be {kind}, got {value!r}")
 
 

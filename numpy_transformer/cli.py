@@ -1,4 +1,4 @@
-"""The ``numpy-transformer`` command: train, sample, gradcheck, export, bench.
+"""The ``numpy-transformer`` command: train, sample, eval, gradcheck, export, import, bench.
 
 ``numpy-transformer train`` with no arguments trains the chapter's character model on the
 embedded corpus in about five minutes on two cores, and leaves ``runs/char-lm/`` with a
@@ -42,6 +42,7 @@ from .runs.outputs import (
     EXIT_USAGE,
     UsageError,
     describe_os_error,
+    interruptible,
 )
 from .threads import available_cores, set_blas_threads
 
@@ -138,6 +139,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    from .runs.importing import import_model
+
+    run_dir = import_model(args.source, args.out, args.text, force=args.force)
+    print(f"wrote {run_dir}/: config.json, checkpoint.npz (step 0); continue with: "
+          f"numpy-transformer sample {run_dir}", flush=True)
+    return EXIT_OK
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench.summary import run
 
@@ -158,15 +168,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     command = {"train": cmd_train, "sample": cmd_sample, "eval": cmd_eval,
                "gradcheck": cmd_gradcheck,
-               "bench": cmd_bench, "export": cmd_export}[args.command]
+               "bench": cmd_bench, "export": cmd_export, "import": cmd_import}[args.command]
     try:
         from .runs.environment import check_environment
 
         check_environment()
-        return command(args)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
-        return EXIT_ON_SIGNAL[signal.SIGINT]
+        with interruptible():
+            return command(args)
+    except KeyboardInterrupt as e:  # Interrupted: SIGINT or SIGTERM; a bare one: Ctrl-C
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"{PROG}: stopped by {signal.Signals(signum).name}", file=sys.stderr, flush=True)
+        return EXIT_ON_SIGNAL[signum]
     except MemoryError:  # what the estimate before the start did not foresee
         print(f"{PROG}: error: out of memory; lower --batch, --context or the model's sizes",
               file=sys.stderr, flush=True)

@@ -173,7 +173,7 @@ def build_parser() -> Parser:
         if option.group not in groups:
             groups[option.group] = train.add_argument_group(option.group)
         add_option(groups[option.group], option)
-    for add in (add_sample, add_eval, add_gradcheck, add_export, add_bench):
+    for add in (add_sample, add_eval, add_gradcheck, add_export, add_import, add_bench):
         add(sub)
     return parser
 
@@ -261,6 +261,28 @@ def add_export(sub) -> None:
     e.add_argument("--force", action="store_true",
                    help="replace the files of the same names in a folder that holds some")
     add_best(e)
+
+
+def add_import(sub) -> None:
+    i = sub.add_parser("import", help="make a run folder from a Hugging Face model or an "
+                       "export", description="Make a run folder from a transformers folder of "
+                       "GPT-2's or LLaMA's shape, or from an export's model.safetensors: the run "
+                       "that starts from those weights (step 0, fresh Adam moments, the default "
+                       "options with the model's shape). sample, eval and export read it; "
+                       "train --resume trains it further on --text. The model's tokenizer must "
+                       "be the characters of that text (numpy_transformer.runs.importing).",
+                       epilog="examples:\n  numpy-transformer export runs/gpt --format hf --out "
+                       "gpt-hf\n  (fine-tune gpt-hf in transformers, save_pretrained it into "
+                       "tuned with the tokenizer files)\n  numpy-transformer import tuned "
+                       "--out runs/tuned --text my.txt\n  numpy-transformer sample runs/tuned",
+                       formatter_class=RAW)
+    i.add_argument("source", metavar="HF_DIR|SAFETENSORS", help="a transformers folder, or an "
+                   "export's model.safetensors (or its folder)")
+    i.add_argument("--out", metavar="RUN_DIR", required=True, help="the new run folder")
+    i.add_argument("--text", metavar="FILE", help="what train --resume trains on; its "
+                   "characters must be the model's vocabulary [the embedded corpus]")
+    i.add_argument("--force", action="store_true",
+                   help="reuse a non-empty --out (our files in it are replaced)")
 
 
 def add_bench(sub) -> None:

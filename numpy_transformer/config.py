@@ -76,6 +76,9 @@ class TransformerConfig:
     max_len: int  # longest sequence accepted; rows of the sinusoidal/learned/rope tables
     #   (ALiBi has no table: to test on longer inputs, load the weights into a larger max_len)
     norm: str = "layernorm"  # or "rmsnorm" (LLaMA); the original and GPT-2 use LayerNorm
+    norm_eps: float | None = None  # every norm's epsilon; None: LayerNorm's 1e-5 (PyTorch's,
+    #   GPT-2's), RMSNorm's the dtype's machine epsilon (torch.nn.RMSNorm(eps=None)); an
+    #   imported model takes its checkpoint's (LLaMA's are 1e-5 or 1e-6)
     activation: str = "gelu"  # exact GELU as BERT/GPT-2; "relu" (Vaswani), ...: ACTIVATIONS
     positions: str = "sinusoidal"  # Vaswani's fixed table; "learned", "rope", "alibi", "none"
     norm_first: bool = True  # pre-LN: trains without warmup (Xiong et al.); False = post-LN
@@ -119,8 +122,9 @@ class TransformerConfig:
                              f"{_rope_shapes(self.width, self.heads)}")
         if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout!r}")
-        if self.embed_std is not None:
-            check_positive("embed_std", self.embed_std)
+        for name in ("embed_std", "norm_eps"):
+            if getattr(self, name) is not None:
+                check_positive(name, getattr(self, name))
         if self.num_classes is not None:
             check_positive("num_classes", self.num_classes, integer=True)
         if not isinstance(self.bias, bool):

@@ -27,6 +27,11 @@ from .backend import Backend, get_backend
 from .data import get_batch
 from .optim import clip_grad_norm, global_norm
 
+# The kernels' two tiers (kernels/_tiers.py): a step boundary is where a run's kernels may go
+# parallel, and the progress line says which tier runs. Looked up, not imported: a run on the
+# numpy backend loads no Numba
+_TIERS = f"{__package__}.kernels._tiers"
+
 
 class Batch(NamedTuple):
     """What one step consumes: the model's inputs, the targets and an optional loss mask."""
@@ -108,12 +113,18 @@ class Trainer:
     def step(self, batch: Batch) -> StepRecord:
         """One full optimisation step; returns its log record.
 
+        Its start is a step boundary: kernels whose parallel tier a background process has
+        compiled meanwhile run it from here on (``kernels/_tiers.py``).
+
         Raises
         ------
         NonFiniteError
             If the loss or a gradient is not finite (nothing is updated then).
         """
         start = time.perf_counter()
+        tiers = sys.modules.get(_TIERS)
+        if tiers is not None:
+            tiers.poll()
         step = self.step_count + 1
         loss = self.loss_and_grads(batch)
         params, grads = self.named_arrays()
@@ -177,7 +188,9 @@ def _tensor_stats(step: int, params: dict, grads: dict, before: dict) -> dict:
 
 class ProgressBar:
     """A one-line progress display: step, loss, learning rate, gradient norm (marked ``*``
-    where it was clipped, with the count so far), smoothed tokens/s, time and the time left.
+    where it was clipped, with the count so far), smoothed tokens/s, time and the time left,
+    and on the numba backend the kernels' tier ("kernels: serial, parallel compiling in the
+    background").
 
     On a terminal it redraws in place; elsewhere (logs, CI) it prints a line every ~10%.
 
@@ -224,6 +237,10 @@ class ProgressBar:
                 f"loss {r.loss:.4f} lr {r.lr:.2e} |g| {r.grad_norm:.3f}"
                 f"{'*' if clipped else ' '}{clip_text} {self.rate:,.0f} tok/s "
                 f"{elapsed:.0f}s, {left:.0f}s left")
+        tiers = sys.modules.get(_TIERS)
+        kernels = tiers.describe() if tiers is not None else ""
+        if kernels:
+            text += f", {kernels}"
         if self.tty:
             self.stream.write("\r" + text + "\x1b[K")  # and clear what a longer line left
             self.stream.flush()

@@ -175,6 +175,24 @@ def test_a_model_trained_in_transformers_comes_back(tmp_path, shape):
     assert rel(model(tokens()), theirs) > 1e-3  # it did change
 
 
+@pytest.mark.parametrize("shape, change", [("gpt2", dict(layer_norm_epsilon=1e-6)),
+                                           ("llama", dict(rms_norm_eps=1e-6))])
+def test_a_checkpoint_with_an_epsilon_of_its_own_imports_with_it(tmp_path, shape, change):
+    """LLaMA's usual 1e-6 (and a GPT-2 given one): the import takes the checkpoint's epsilon
+    into ``norm_eps`` and gives transformers' logits; tiny embeddings make the epsilon set the
+    norms' output, so keeping ours instead would be 100 times the tolerance off (the
+    negative control)."""
+    model = make_model(shape, "float32", scale=1e-4)
+    save_hf(tmp_path, model, TOKENIZER)
+    assert load_hf(tmp_path, backend="numpy").model.config.norm_eps is None  # our default
+    theirs = hf_logits(tmp_path, tokens(), **change)
+    back = load_hf(tmp_path, backend="numpy").model
+    assert back.config.norm_eps == 1e-6 and not back.training
+    assert all(m.eps == 1e-6 for _, m in back.named_modules() if hasattr(m, "eps"))
+    assert rel(back(tokens()), theirs) <= 1e-5
+    assert rel(model(tokens()), theirs) > 1e-3
+
+
 def test_import_refuses_what_we_do_not_have(tmp_path):
     model = make_model("llama")
     save_hf(tmp_path, model, TOKENIZER)
@@ -184,8 +202,7 @@ def test_import_refuses_what_we_do_not_have(tmp_path):
             (dict(num_key_value_heads=1), "num_key_value_heads=1 (ours: 2)"),
             (dict(hidden_act="gelu"), "hidden_act='gelu' (ours: 'silu')"),
             (dict(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}),
-             "rope_parameters="),
-            (dict(rms_norm_eps=1e-6), "norm epsilon is 1e-06")):
+             "rope_parameters=")):
         path.write_text(json.dumps({**original, **change}))
         with pytest.raises(ValueError, match="^" + str(tmp_path)) as info:
             load_hf(tmp_path)
@@ -234,3 +251,54 @@ def test_a_command_line_run_of_neither_shape_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "bias=False (has True)" in err and "embed_scale=False (has True)" in err, err
     assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("shape", list(CLI_FLAGS))
+def test_the_round_trip_through_transformers_at_the_command_line(tmp_path, shape, capsys):
+    """train, export --format hf, fine-tune in transformers, import, and the run folder that
+    comes back computes transformers' logits; sample, export and train --resume take it, and
+    the weights it resumes from are the fine-tuned ones."""
+    import shutil
+
+    from numpy_transformer import cli, load_run
+
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT * 40, encoding="utf-8")
+    run, hf_dir, tuned = tmp_path / "run", tmp_path / "hf", tmp_path / "tuned"
+    assert cli.main(["train", *CLI_FLAGS[shape], "--width", "16", "--heads", "2", "--layers",
+                     "1", "--ffn-width", "24", "--context", "16", "--batch", "4", "--steps",
+                     "3", "--text", str(text), "--out", str(run), "--quiet"]) == 0
+    assert cli.main(["export", str(run), "--format", "hf", "--out", str(hf_dir)]) == 0
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
+    ids = torch.from_numpy(load_run(run).tokenizer.encode(TEXT[:16])[None])  # one window
+    opt = torch.optim.AdamW(hf_model.parameters(), lr=1e-2)
+    for _ in range(2):  # fine-tune in transformers
+        opt.zero_grad()
+        hf_model(ids, labels=ids).loss.backward()
+        opt.step()
+    hf_model.save_pretrained(tuned)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(hf_dir / name, tuned / name)
+    capsys.readouterr()
+    assert cli.main(["import", str(tuned), "--out", str(tmp_path / "back"), "--text",
+                     str(text)]) == 0, capsys.readouterr().err
+    back = load_run(tmp_path / "back")
+    with torch.no_grad():
+        theirs = hf_model.eval()(ids).logits.numpy()
+    assert rel(back.model(ids.numpy()), theirs) <= 1e-5
+    assert rel(load_run(run).model(ids.numpy()), theirs) > 1e-3  # it was tuned
+    for argv in (["sample", str(tmp_path / "back"), "--length", "5"],
+                 ["export", str(tmp_path / "back"), "--format", "hf"],
+                 ["train", "--resume", str(tmp_path / "back"), "--steps", "2", "--quiet"]):
+        assert cli.main(argv) == 0, (argv, capsys.readouterr().err)
+    # refusals, one line each: a text whose characters are not the model's, no tokenizer
+    (tuned / "tokenizer.json").unlink()
+    for argv, message in (
+            (["import", str(hf_dir), "--out", str(tmp_path / "x")],
+             "its vocabulary is not the characters of the embedded corpus (only the text's"),
+            (["import", str(tuned), "--out", str(tmp_path / "y"), "--text", str(text)],
+             "no tokenizer")):
+        capsys.readouterr()
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err

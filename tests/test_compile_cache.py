@@ -1,12 +1,13 @@
 """The kernels' on-disk cache (``cache=True``): a second process loads them and compiles nothing.
 
-A training step of a Transformer and of an LSTM on the numba backend runs in a fresh
-interpreter twice, on the same Numba cache (the package's own, which the rest of the test
-session fills). The first process may compile what the cache lacks; the second must find
-everything there: Numba's event API (``numba.core.event``) reports every compilation, and none
-may happen. Anything that breaks the cache (a function that captures a pointer or a large
-global array, a kernel compiled for a type that differs between runs) shows up here by name,
-not as half a minute more on every user's first step.
+A training step of a Transformer and of an LSTM on the numba backend, on each of the kernels'
+two tiers (``kernels/_tiers.py``), runs in a fresh interpreter twice, on the same Numba cache
+(the package's own, which the rest of the test session fills). The first process may compile
+what the cache lacks; the second must find everything there: Numba's event API
+(``numba.core.event``) reports every compilation, and none may happen. Anything that breaks the
+cache (a function that captures a pointer or a large global array, a kernel compiled for a type
+that differs between runs) shows up here by name, not as half a minute more on every user's
+first step.
 
 The other way round, an edit must not go unnoticed: a kernel compiles into itself the
 functions of ``kernels/blas.py`` and ``kernels/special.py`` (and the options of
@@ -38,7 +39,7 @@ class Count(event.Listener):
 
     def on_end(self, ev):
         d = ev.data["dispatcher"]
-        compiled.append(f"{d.py_func.__module__}.{d.py_func.__name__}")
+        compiled.append(f"{d.py_func.__module__}.{d.py_func.__qualname__}")
 
 event.register("numba:compile", Count())
 """
@@ -49,18 +50,21 @@ import numpy as np
 from numpy_transformer.nn import LSTMLM, DecoderLM, LSTMConfig, TransformerConfig
 from numpy_transformer.optim import Adam
 from numpy_transformer.schedules import constant_lr
+from numpy_transformer.kernels import _tiers
 from numpy_transformer.train import Batch, Trainer
 
 numba.set_num_threads(2)  # the parallel kernels on two threads
 rng = np.random.default_rng(0)
 ids = rng.integers(0, 11, size=(2, 8, 32))  # 8 x 32 = 256 rows: the chunked kernels' paths
-for model in (DecoderLM(TransformerConfig(vocab=11, width=16, heads=2, layers=1, ffn_width=32,
-                                          max_len=32, activation="relu", dtype="float32",
-                                          backend="numba")),
-              LSTMLM(LSTMConfig(vocab=11, hidden=8, embed=6, max_len=32, dtype="float32",
-                                backend="numba"))):
-    trainer = Trainer(model, Adam(lr=1e-3, backend="numba"), constant_lr(1e-3), clip=1.0)
-    trainer.step(Batch((ids[0],), ids[1]))
+for tier in (_tiers.SERIAL, _tiers.PARALLEL):  # each tier from its own cache entries
+    _tiers.set_tier(tier)
+    for model in (DecoderLM(TransformerConfig(vocab=11, width=16, heads=2, layers=1,
+                                              ffn_width=32, max_len=32, activation="relu",
+                                              dtype="float32", backend="numba")),
+                  LSTMLM(LSTMConfig(vocab=11, hidden=8, embed=6, max_len=32, dtype="float32",
+                                    backend="numba"))):
+        trainer = Trainer(model, Adam(lr=1e-3, backend="numba"), constant_lr(1e-3), clip=1.0)
+        trainer.step(Batch((ids[0],), ids[1]))
 print(json.dumps(compiled))
 """
 
@@ -114,8 +118,8 @@ def test_editing_a_file_compiled_into_kernels_recompiles_them(tmp_path):
         with open(copy / "kernels" / name, "a") as f:
             f.write("\n# edited by the test\n")
 
-    cross_entropy = "numpy_transformer.kernels.softmax._cross_entropy_forward_kernel"
-    relu = "numpy_transformer.kernels.activations._relu_forward_kernel"
+    cross_entropy = "numpy_transformer.kernels.softmax._cross_entropy_forward_kernel__serial"
+    relu = "numpy_transformer.kernels.activations._relu_forward_kernel__serial"
     assert {cross_entropy, relu} <= compiled()  # an empty cache
     assert compiled() == set()
     edit("special.py")  # compiled into the cross-entropy kernel: it recompiles

@@ -29,6 +29,7 @@ BAD = {
 COMMANDS = {"train": ["train", "--steps", "1"], "sample": ["sample", "no-such-run"],
             "eval": ["eval", "no-such-run"],
             "export": ["export", "no-such-run"], "gradcheck": ["gradcheck", "ops"],
+            "import": ["import", "no-such-export", "--out", "unused"],
             "bench": ["bench", "--quick"]}
 
 
@@ -106,3 +107,25 @@ def test_a_good_value_passes(name, value, monkeypatch):
 
     monkeypatch.setenv(name, value)
     check_environment()
+
+
+def test_a_numba_pool_larger_than_the_machine_is_refused_not_a_crash(tmp_path):
+    """NUMBA_NUM_THREADS=99999 crashed ``sample`` with a segmentation fault when Numba started
+    its pool; now it is one line and exit 2. The machine's own CPU count passes."""
+    import os
+    import subprocess
+    import sys
+
+    from _subprocess_helpers import ROOT
+
+    def sample(threads: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "NUMBA_NUM_THREADS": threads}
+        return subprocess.run([sys.executable, "-m", "numpy_transformer", "sample",
+                               tmp_path / "no-such-run"], env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    refused = sample("99999")
+    assert refused.returncode == 2 and one_line_error(refused.stderr), refused.stderr
+    assert "NUMBA_NUM_THREADS='99999': at most" in refused.stderr
+    fine = sample(str(os.cpu_count()))  # passes the check, then finds no run
+    assert fine.returncode == 2 and "no-such-run" in fine.stderr, fine.stderr

@@ -270,6 +270,36 @@ def test_export_refuses_an_out_that_is_no_folder(tiny_run, tmp_path, out, messag
     assert code == 2 and one_line_error(err) and message in err, err
 
 
+def test_import_of_an_export_is_the_run_it_came_from(tiny_run, tmp_path):
+    """export then import: the run folder that comes back holds the same weights bit for bit,
+    at step 0 with the run's text; sample and train --resume take it. A folder that is no
+    export, and a text of other characters, are refused in one line."""
+    assert run_cli(["export", tiny_run, "--out", tmp_path / "st"])[0] == 0
+    text = small_text(tiny_run.parent)
+    code, out, err = run_cli(["import", tmp_path / "st", "--out", tmp_path / "back", "--text",
+                              text])
+    assert code == 0 and "numpy-transformer sample" in out, err
+    original, _, _ = model_from_checkpoint(tiny_run / "checkpoint.npz")
+    back, _, ckpt = model_from_checkpoint(tmp_path / "back")
+    assert ckpt.step == 0 and not ckpt.meta["finished"]
+    weights = dict(back.state_dict())
+    for name, a in original.state_dict().items():
+        np.testing.assert_array_equal(weights.pop(name), a, err_msg=name)
+    assert not weights
+    assert run_cli(["sample", tmp_path / "back", "--length", "4"])[0] == 0
+    assert run_cli(["train", "--resume", tmp_path / "back", "--steps", "2", "--quiet"])[0] == 0
+    other = tmp_path / "other.txt"
+    other.write_text("xyz" * 200)
+    for argv, message in ((["import", tmp_path / "st", "--out", tmp_path / "x", "--text", other],
+                           "(only the model's: '\\n !"),
+                          (["import", tmp_path / "nothing", "--out", tmp_path / "y"],
+                           "neither a transformers folder"),
+                          (["import", tmp_path / "st", "--out", tmp_path / "back", "--text",
+                            text], "or pass --force")):
+        code, _, err = run_cli(argv)
+        assert code == 2 and one_line_error(err) and message in err, err
+
+
 def test_export_help_has_an_example(capsys):
     with pytest.raises(SystemExit) as info:
         cli.main(["export", "--help"])

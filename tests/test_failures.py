@@ -8,10 +8,8 @@ use the NumPy backend (no numba to load).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -24,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _run_helpers import small_text
+from _subprocess_helpers import ROOT, cli, fsize_limit, honour_permissions, one_line, refused
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,52 +34,9 @@ from numpy_transformer.nn import DecoderLM
 from numpy_transformer.optim import clip_grad_norm, global_norm
 from numpy_transformer.runs.outputs import EXIT_IO
 
-ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--width", "16", "--heads", "2", "--layers", "1", "--ffn-width", "32", "--context",
         "16", "--batch", "4", "--backend", "numpy", "--quiet"]
 HUGE = str(10 ** 12)
-
-
-def cli(*args, timeout: float = 120, preexec_fn=None, **popen) -> tuple[int, str, str]:
-    """``python -m numpy_transformer ARGS`` in a subprocess: (exit code, stdout, stderr)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "numpy_transformer", *map(str, args)], env=env,
-                       capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn,
-                       **popen)
-    return r.returncode, r.stdout, r.stderr
-
-
-def one_line(err: str) -> str:
-    """The single stderr line of a refusal (asserting there is exactly one, no traceback)."""
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
-
-def refused(code: int, err: str, expected_code: int, *patterns: str) -> None:
-    line = one_line(err)
-    assert code == expected_code, (code, err)
-    for pattern in patterns:
-        assert pattern in line, (pattern, line)
-
-
-def honour_permissions():
-    """As root, drop the capabilities that bypass file permissions in the child (CAP_DAC_
-    OVERRIDE, CAP_DAC_READ_SEARCH), so chmod means what it says; skip if that is impossible."""
-    if os.geteuid() != 0:
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    probe = subprocess.run([sys.executable, "-c", "pass"],
-                           preexec_fn=lambda: _drop_caps(libc), capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip("running as root and cannot drop CAP_DAC_OVERRIDE")
-    return lambda: _drop_caps(libc)
-
-
-def _drop_caps(libc) -> None:
-    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
-        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
-            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +126,45 @@ def test_the_lstm_parameter_count_is_exact():
             LSTMLM(config).num_parameters(), kw
 
 
+@pytest.mark.parametrize("kind", ["DecoderLM", "EncoderClassifier", "EncoderDecoder",
+                                  "LSTMLM"])
+def test_the_estimate_counts_the_objects_of_many_tiny_layers(kind):
+    """200 layers of width 2: the modules, dicts and array headers outweigh the numbers many
+    times over. The estimate (weights + objects) stays below what building the model
+    allocates (a lower bound) and above half of it; the weights alone are far below."""
+    import gc
+    import tracemalloc
+
+    from numpy_transformer import nn
+    from numpy_transformer.config import LSTMConfig
+    from numpy_transformer.memory import object_bytes, weight_count
+
+    def build(layers):
+        if kind == "LSTMLM":
+            config = LSTMConfig(vocab=4, embed=2, hidden=2, layers=layers, max_len=4,
+                                backend="numpy")
+        else:
+            config = TransformerConfig(vocab=4, width=2, heads=1, layers=layers, ffn_width=2,
+                                       max_len=4, backend="numpy",
+                                       num_classes=2 if kind == "EncoderClassifier" else None)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            model = getattr(nn, kind)(config)
+            allocated = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        del model
+        return config, allocated
+
+    build(1)  # the first model of a process also loads what every later one shares
+    config, allocated = build(200)
+    weights = weight_count(config, kind) * 8
+    estimate = weights + object_bytes(config, kind)
+    assert 0.5 * allocated < estimate <= allocated, (estimate, allocated)
+    assert weights < 0.25 * allocated  # negative control: the numbers alone miss most of it
+
+
 def test_checkpoint_borne_sizes_are_refused(tiny, tmp_path):
     run_dir = copy_run(tiny, tmp_path / "config")
     path = run_dir / "checkpoint.npz"
@@ -249,12 +244,6 @@ def test_config_json_replaced_by_a_folder(tiny, tmp_path):
     refused(code, err, 2, "config.json is a folder")
 
 
-def _fsize_limit(limit: int):
-    def preexec() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return preexec
-
-
 def test_file_size_limit_during_a_save_keeps_the_last_checkpoint(tiny, tmp_path):
     """The step-0 checkpoint (weights only) fits under the cap, the first one with Adam's
     moments does not: EFBIG in the middle of the run, exit 74, the step-0 checkpoint loads."""
@@ -263,7 +252,7 @@ def test_file_size_limit_during_a_save_keeps_the_last_checkpoint(tiny, tmp_path)
     cap = full * 2 // 3  # above the weights-only file (a third of it), below the full one
     run_dir = tmp_path / "run"
     code, _, err = cli("train", *TINY, "--text", tiny[1], "--steps", "20", "--save-every", "3",
-                       "--out", run_dir, preexec_fn=_fsize_limit(cap))
+                       "--out", run_dir, preexec_fn=fsize_limit(cap))
     refused(code, err, EXIT_IO, "checkpoint.npz", "File too large",
             "the checkpoint of step 0", "left intact")
     ckpt = load_checkpoint(run_dir / "checkpoint.npz")

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy",
                                         reason="needs safetensors (the hf extra)")
@@ -101,7 +104,7 @@ def test_a_config_the_file_cannot_back_is_refused_before_the_model_is_built(weig
     config = json.loads(_read(weights)[1]["config"])
     _rewrite(weights, config=json.dumps({**config, "layers": 10**6}))
     with pytest.raises(ValueError, match="holds .* weights, but the DecoderLM of its config "
-                                         "has|cannot fit"):
+                                         "has|cannot fit|is too large"):
         load_safetensors(weights)
 
 
@@ -179,7 +182,32 @@ def test_an_imported_model_is_in_eval_mode(hf_dir):
     assert not model.training and not any(m.training for _, m in model.named_modules())
 
 
-@pytest.mark.parametrize("case", ["not JSON", "a million layers", "bfloat16"])
+HF_CONFIG_CASES = {  # entries of a GPT-2 config.json, and what the refusal says
+    "a foreign model_type": ({"model_type": "bert"}, "model_type 'bert' is neither"),
+    "zero heads": ({"n_head": 0}, "heads must be a positive integer, got 0"),
+    "heads as a string": ({"n_head": "2"}, "not a transformers config .*expected int"),
+    "a list for a width": ({"n_embd": [8]}, "not a transformers config .*expected int"),
+    "a negative vocabulary": ({"vocab_size": -5}, "vocab must be a positive integer"),
+}
+
+
+@pytest.mark.parametrize("case", [*HF_CONFIG_CASES, "no config.json", "no weights"])
+def test_an_hf_config_of_the_wrong_kind_is_refused_in_one_line(hf_dir, case):
+    from numpy_transformer.export import load_hf
+
+    config = hf_dir / "config.json"
+    if case in HF_CONFIG_CASES:
+        entries, message = HF_CONFIG_CASES[case]
+        config.write_text(json.dumps({**json.loads(config.read_text()), **entries}))
+    else:
+        (config if case == "no config.json" else hf_dir / "model.safetensors").unlink()
+        message = "not a Hugging Face model directory with config.json and model.safetensors"
+    with pytest.raises(ValueError, match=message) as refused:
+        load_hf(hf_dir, backend="numpy")
+    assert str(hf_dir) in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("case", ["not JSON", "a million layers", "bfloat16", "float16"])
 def test_a_hostile_hf_directory_is_refused_naming_it(hf_dir, case):
     from numpy_transformer.export import load_hf
 
@@ -189,7 +217,13 @@ def test_a_hostile_hf_directory_is_refused_naming_it(hf_dir, case):
         message = "config.json: not a transformers config"
     elif case == "a million layers":
         config.write_text(json.dumps({**json.loads(config.read_text()), "n_layer": 10**6}))
-        message = "holds .* numbers, fewer than the .* weights|cannot fit"
+        message = "holds .* numbers, fewer than the .* weights|cannot fit|is too large"
+    elif case == "float16":
+        weights = hf_dir / "model.safetensors"
+        tensors, meta = _read(weights)
+        safetensors_numpy.save_file({k: a.astype(np.float16) for k, a in tensors.items()},
+                                    str(weights), metadata=meta)
+        message = r"must be all float32 or all float64, got \['F16'\]"
     else:
         torch = pytest.importorskip("torch")
         from safetensors.torch import save_file
@@ -201,3 +235,122 @@ def test_a_hostile_hf_directory_is_refused_naming_it(hf_dir, case):
         message = "bfloat16 weights"
     with pytest.raises(ValueError, match=message):
         load_hf(hf_dir, backend="numpy")
+
+
+# ------------------------------------------------------------------ any mutation of a file
+def _good_files(folder) -> dict[str, bytes]:
+    """The bytes of a good weights file, a good optimiser file and a good HF config."""
+    model, opt = _model(), Adam(lr=1e-2, backend="numpy")
+    params = {n: p for n, p, _ in model.named_parameters()}
+    opt.step(params, {n: np.full_like(p, 0.1) for n, p in params.items()})
+    save_safetensors(folder / "model.safetensors", model, TOKENIZER)
+    save_optimizer(folder / "optimizer.safetensors", opt, model)
+    return {name: (folder / name).read_bytes()
+            for name in ("model.safetensors", "optimizer.safetensors")}
+
+
+@st.composite
+def mutations(draw, size: int, header: int):
+    """Up to four edits of a file of ``size`` bytes whose header ends at ``header``: bytes
+    overwritten (in the header half the time), a cut, or bytes inserted."""
+    edits = []
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["overwrite", "overwrite", "cut", "insert"]))
+        where = draw(st.one_of(st.integers(0, header - 1), st.integers(0, size - 1)))
+        edits.append((kind, where, draw(st.binary(min_size=1, max_size=8))))
+    return edits
+
+
+def _mutated(data: bytes, edits) -> bytes:
+    for kind, where, chunk in edits:
+        where = min(where, len(data))
+        if kind == "overwrite":
+            data = data[:where] + chunk + data[where + len(chunk):]
+        elif kind == "cut":
+            data = data[:where]
+        else:
+            data = data[:where] + chunk + data[where:]
+    return data
+
+
+@pytest.fixture(scope="module")
+def good_files(tmp_path_factory):
+    return _good_files(tmp_path_factory.mktemp("good"))
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), which=st.sampled_from(["model.safetensors", "optimizer.safetensors"]))
+def test_any_mutation_loads_whole_and_finite_or_is_refused_naming_the_file(good_files,
+                                                                          tmp_path, data,
+                                                                          which):
+    """Byte by byte: whatever the edit, the reader returns a model (or optimiser) whose every
+    number is finite and fits, or raises ValueError naming the file; never another exception,
+    never a MemoryError."""
+    good = good_files[which]
+    header = 8 + struct.unpack("<Q", good[:8])[0]
+    path = tmp_path / which
+    path.write_bytes(_mutated(good, data.draw(mutations(len(good), header))))
+    _loads_finite_or_is_refused(path, which)
+
+
+def _loads_finite_or_is_refused(path, which: str) -> None:
+    try:
+        if which == "model.safetensors":
+            model = load_safetensors(path, backend="numpy").model
+            arrays = [p for _, p, _ in model.named_parameters()]
+        else:
+            opt = load_optimizer(path, _model(), backend="numpy")
+            arrays = [*opt.m.values(), *opt.v.values()]
+            assert all((v >= 0).all() for v in opt.v.values())
+    except ValueError as e:
+        assert str(path) in str(e) or which in str(e), e
+        return
+    assert arrays and all(np.isfinite(a).all() for a in arrays)
+
+
+def test_the_mutation_property_catches_a_foreign_exception_and_a_nan(good_files, tmp_path,
+                                                                      monkeypatch):
+    """Negative controls of the property's check: a reader that raises KeyError for a broken
+    file, or returns a NaN weight, fails it."""
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(good_files["model.safetensors"])
+    _loads_finite_or_is_refused(path, "model.safetensors")  # the good file passes
+    real = load_safetensors
+
+    def nan_weights(path, backend=None):
+        loaded = real(path, backend)
+        next(iter(loaded.model.named_parameters()))[1][...] = np.nan
+        return loaded
+
+    for broken, error in ((lambda *a, **k: {}["a reader's bug"], KeyError),
+                          (nan_weights, AssertionError)):
+        monkeypatch.setitem(globals(), "load_safetensors", broken)
+        with pytest.raises(error):
+            _loads_finite_or_is_refused(path, "model.safetensors")
+    assert _mutated(b"abcdef", [("overwrite", 1, b"XY"), ("cut", 5, b"?"),
+                                ("insert", 0, b"!")]) == b"!aXYde"
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_mutation_of_an_hf_config_loads_or_is_refused(hf_dir, tmp_path, data):
+    """The same for the ``config.json`` of a Hugging Face folder, mutated byte by byte (each
+    example in a fresh copy of the folder)."""
+    import shutil
+    import tempfile
+
+    from numpy_transformer.export import load_hf
+
+    with tempfile.TemporaryDirectory(dir=tmp_path) as tmp:
+        folder = Path(shutil.copytree(hf_dir, Path(tmp) / "hf"))
+        good = (hf_dir / "config.json").read_bytes()
+        config = folder / "config.json"
+        config.write_bytes(_mutated(good, data.draw(mutations(len(good), len(good)))))
+        try:
+            model = load_hf(folder, backend="numpy").model
+        except ValueError as e:
+            assert str(folder) in str(e), e
+            return
+        assert all(np.isfinite(p).all() for _, p, _ in model.named_parameters())

@@ -63,7 +63,7 @@ def test_few_rows_take_the_reference_path_bit_for_bit():
 
 
 @multi_thread
-def test_one_thread_and_two_give_the_same_bits(monkeypatch):
+def test_one_thread_and_two_give_the_same_bits(monkeypatch, parallel_tier):
     x, w, b, g = _problem((8, 200, 16), 24, np.float32)  # 1600 rows: 4 chunks
     calls = []
 

@@ -235,6 +235,8 @@ def test_parameters_and_initialisation_follow_torch():
     ("backend", "torch", "backend must be one of"),
     ("dtype", "float16", "dtype must be one of"),
     ("seed", "0", "seed must be an integer"),
+    ("embed_std", float("inf"), "embed_std must be a positive finite number"),
+    ("embed_std", float("nan"), "embed_std must be a positive finite number"),
 ])
 def test_config_names_the_bad_value(field, value, message):
     kwargs = dict(vocab=7, hidden=5, max_len=6)
@@ -251,6 +253,29 @@ def test_state_carries_a_sequence_fed_in_pieces(backend):
     state = new_state(model, 2)
     pieces = [model.forward(tokens[:, a:b], state=state) for a, b in ((0, 4), (4, 5), (5, 9))]
     np.testing.assert_allclose(np.concatenate(pieces, axis=1), whole, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape_of, message", [
+    (lambda L, B, H: (L + 1, B, H), r"state.h must be a float array of shape \(2, 3, 5\)"),
+    (lambda L, B, H: (L - 1, B, H), r"got a float64 array of shape \(1, 3, 5\)"),
+    (lambda L, B, H: (L, B + 1, H), r"\(layers, batch, hidden\), got a float64 array"),
+])
+def test_a_state_that_does_not_fit_the_model_is_refused(shape_of, message):
+    """More layers than the model (once silently cut), fewer (once an IndexError), another
+    batch: each refused naming the shape wanted; the state is left untouched."""
+    model = tiny_lm("numpy", layers=2)
+    tokens = np.random.default_rng(7).integers(0, 7, (3, 4))
+    good = new_state(model, 3)
+    bad = LSTMState(*(np.ones(shape_of(*good.h.shape)) for _ in range(2)))
+    with pytest.raises(ValueError, match=message):
+        model.forward(tokens, state=bad)
+    assert (bad.h == 1).all() and (bad.c == 1).all()
+    with pytest.raises(ValueError, match="state.c must be"):
+        model.forward(tokens, state=LSTMState(good.h, good.c[:, :2]))
+    with pytest.raises(ValueError, match="state must be an LSTMState"):
+        model.forward(tokens, state=(good.h, good.c))
+    model.forward(tokens, state=good)  # the state it fits is taken
+    assert np.abs(good.h).max() > 0
 
 
 def _param_grads(model, tokens, dlogits, state=None) -> dict[str, np.ndarray]:

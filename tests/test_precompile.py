@@ -28,6 +28,7 @@ SIGNATURES = r"""
 import importlib, json, sys
 import numba
 from numpy_transformer.config import KERNEL_MODULES
+from numpy_transformer.kernels._tiers import TieredKernel
 from numpy_transformer.runs.options import resolve_options
 from numpy_transformer.runs.precompile import work, worker_job
 from numpy_transformer.runs.state import Run
@@ -37,6 +38,8 @@ work(worker_job(Run(*resolve_options(task, given))))
 called = {}
 for name in KERNEL_MODULES:
     for attr, f in vars(importlib.import_module(f"numpy_transformer.kernels.{name}")).items():
+        if isinstance(f, TieredKernel):  # the workers compile the serial tier
+            f = f.serial
         if isinstance(f, numba.core.registry.CPUDispatcher) and f.signatures:
             called[f"{name}.{attr}"] = sorted(map(str, f.signatures))
 print(json.dumps(called))

@@ -7,6 +7,7 @@
 * :func:`save_hf` / :func:`load_hf` -- a ``DecoderLM`` of GPT-2's or LLaMA's shape as a
   ``transformers`` directory (``GPT2LMHeadModel``, ``LlamaForCausalLM``) with a tokenizer
   that ``pipeline("text-generation")`` reads (``hf.py``, ``hf_tokenizer.py``).
+* :func:`load_model` -- whichever of the two a path holds (``numpy-transformer import``).
 * :func:`export_run` -- either, for a trained model (and its optimiser, rebuilt from a
   checkpoint by :func:`optimizer_of`): the command ``numpy-transformer export RUN_DIR``.
 
@@ -35,9 +36,36 @@ from .safetensors_file import (
 
 __all__ = ["Exported", "save_safetensors", "load_safetensors", "save_optimizer",
            "load_optimizer", "save_hf", "load_hf", "hf_family", "rope_half_order",
-           "to_hf_state", "from_hf_state", "export_run", "optimizer_of"]
+           "to_hf_state", "from_hf_state", "load_model", "export_run", "optimizer_of"]
 
 WEIGHTS_FILE, OPTIMIZER_FILE = "model.safetensors", "optimizer.safetensors"
+
+
+def load_model(source: str | Path, backend: str | None = None) -> Exported:
+    """What ``source`` holds, whichever of the two formats it is.
+
+    Parameters
+    ----------
+    source : path
+        A ``transformers`` folder (it has a ``config.json``: :func:`load_hf`), or a
+        ``model.safetensors`` written by :func:`save_safetensors` (the file, or the folder
+        holding it: :func:`load_safetensors`).
+    backend : str, optional
+        The model's backend; default the stored config's.
+
+    Raises
+    ------
+    ValueError
+        Naming ``source``: neither kind, or what the reader of its kind refuses.
+    """
+    source = Path(source)
+    if source.is_dir() and (source / "config.json").is_file():
+        return load_hf(source, backend)
+    weights = source / WEIGHTS_FILE if source.is_dir() else source
+    if not weights.is_file():
+        raise ValueError(f"{source}: neither a transformers folder (config.json and "
+                         f"{WEIGHTS_FILE}) nor an export's {WEIGHTS_FILE}")
+    return load_safetensors(weights, backend)
 
 
 def export_run(out: str | Path, fmt: str, model: Module, tokenizer: CharTokenizer | None,

@@ -31,17 +31,19 @@ Where the two conventions differ, the export converts:
   into the other: feature 2i becomes feature i and 2i+1 becomes i + D/2 in both queries and
   keys, and q . k is a sum over features, the same in any order. Values and outputs keep
   their order.
-* **Epsilons.** GPT-2's ``layer_norm_epsilon`` is our LayerNorm's eps; LLaMA's
-  ``rms_norm_eps`` is our RMSNorm's, which is ``np.finfo(dtype).eps`` (as
-  ``torch.nn.RMSNorm(eps=None)``). ``LlamaRMSNorm`` normalises in float32 whatever the dtype,
-  so a float64 LLaMA agrees to float32 precision only.
+* **Epsilons.** GPT-2's ``layer_norm_epsilon`` and LLaMA's ``rms_norm_eps`` are our config's
+  ``norm_eps``; an import keeps the default (None) where the checkpoint's equals it (LayerNorm
+  1e-5, RMSNorm ``np.finfo(dtype).eps``, as ``torch.nn.RMSNorm(eps=None)``).
+  ``LlamaRMSNorm`` normalises in float32 whatever the dtype, so a float64 LLaMA agrees to
+  float32 precision only.
 
 Importing a directory (:func:`load_hf`) checks that its config is one of these shapes, with
-the epsilons and RoPE base of ours, and refuses it otherwise, naming the fields.
+the RoPE base of ours, and refuses it otherwise, naming the fields.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -52,9 +54,10 @@ from .. import nn as ours
 from ..config import TransformerConfig
 from ..data import CharTokenizer
 from ..memory import parameter_count
+from ..nn.layers import make_norm
 from ._require import require
 from .hf_tokenizer import load_tokenizer, save_tokenizer
-from .safetensors_file import Exported, check_dtypes, read_header, read_tensors
+from .safetensors_file import Exported, check_dtypes, read_header, read_tensors, write_tensors
 
 ROPE_THETA = 10000.0  # the base of functional.positional.rope_tables, which attention uses
 FAMILIES = {  # the config fields that make a DecoderLM one of the two architectures
@@ -225,9 +228,9 @@ def _hf_config(model: ours.DecoderLM, family: str):
         tie_word_embeddings=c.tie_embeddings, **common)
 
 
-def _our_config(hf, dtype: str, backend: str | None) -> tuple[TransformerConfig, float]:
-    """``(TransformerConfig, the norm eps the directory asks for)``; ValueError listing the
-    fields of ``hf`` (a transformers config) that no model of ours has."""
+def _our_config(hf, dtype: str, backend: str | None) -> TransformerConfig:
+    """The TransformerConfig of ``hf`` (a transformers config), its norm epsilon included;
+    ValueError listing the fields of ``hf`` that no model of ours has."""
     family, odd = hf.model_type, []
     if family == "gpt2":
         fields = dict(vocab=hf.vocab_size, width=hf.n_embd, heads=hf.n_head, layers=hf.n_layer,
@@ -258,8 +261,11 @@ def _our_config(hf, dtype: str, backend: str | None) -> tuple[TransformerConfig,
     if odd:
         raise ValueError(f"this {_TITLES[family]} config has no model here: {'; '.join(odd)}")
     overrides = {} if backend is None else {"backend": backend}
-    return TransformerConfig(**{**FAMILIES[family], **fields, "dtype": dtype,
-                                **overrides}).validate(), eps
+    config = TransformerConfig(**{**FAMILIES[family], **fields, "dtype": dtype, **overrides})
+    default = _norm_eps(make_norm(config.norm, 1, dtype=np.dtype(dtype)), np.dtype(dtype))
+    if not math.isclose(eps, default, rel_tol=1e-6):  # else the config keeps the default
+        config = dataclasses.replace(config, norm_eps=float(eps))
+    return config.validate()
 
 
 # ============================================================================ directories
@@ -286,12 +292,11 @@ def save_hf(directory: str | Path, model: ours.DecoderLM,
         If the model fits neither family (one line listing the fields that differ).
     """
     family = hf_family(model)
-    numpy_api = require("safetensors.numpy", "the Hugging Face export")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     _hf_config(model, family).save_pretrained(str(directory))
-    numpy_api.save_file(to_hf_state(model, family), str(directory / "model.safetensors"),
-                        metadata={"format": "pt"})  # what transformers' own files say
+    write_tensors(directory / "model.safetensors", to_hf_state(model, family),
+                  {"format": "pt"}, "the Hugging Face export")  # transformers' own metadata
     if tokenizer is not None:
         save_tokenizer(directory, tokenizer)
     return family
@@ -333,10 +338,11 @@ def load_hf(directory: str | Path, backend: str | None = None) -> Exported:
     try:
         hf = transformers.AutoConfig.from_pretrained(str(directory))
     except Exception as e:  # transformers' own errors for a config it cannot read
+        reason = " ".join(line.strip() for line in str(e).splitlines())  # one line
         raise ValueError(f"{directory / 'config.json'}: not a transformers config "
-                         f"({type(e).__name__}: {e})") from None
+                         f"({type(e).__name__}: {reason})") from None
     try:
-        config, eps = _our_config(hf, dtype, backend)
+        config = _our_config(hf, dtype, backend)
         held, wanted = sum(math.prod(shape) for _, shape in header.values()), parameter_count(
             config)
         if wanted > held:  # before the model is built: the header's sizes cost no memory
@@ -344,9 +350,6 @@ def load_hf(directory: str | Path, backend: str | None = None) -> Exported:
                              f"{wanted:,} weights of its config's model")
         state = read_tensors(weights, "the Hugging Face import")
         model = ours.DecoderLM(config)
-        own_eps = _norm_eps(model.decoder.final_norm, np.dtype(config.dtype))
-        if not np.isclose(eps, own_eps, rtol=1e-6, atol=0.0):
-            raise ValueError(f"its norm epsilon is {eps!r}, ours for this dtype is {own_eps!r}")
         model.load_state_dict(from_hf_state(state, config, hf.model_type))
         tokenizer = load_tokenizer(directory)
     except (ValueError, TypeError, KeyError, AttributeError, json.JSONDecodeError) as e:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -64,6 +65,22 @@ class Exported:
 
 def _numpy_api(purpose: str):
     return require("safetensors.numpy", purpose)
+
+
+def write_tensors(path: Path, tensors: dict, metadata: dict[str, str], purpose: str) -> None:
+    """``safetensors.numpy.save_file``, with a failed write raised as the ``OSError`` it is.
+
+    The package reports a full disk, a file-size limit or a read-only folder as its own
+    ``SafetensorError`` ("I/O error: File too large (os error 27)"); the command line answers
+    an ``OSError`` naming the file with exit 74.
+    """
+    try:
+        _numpy_api(purpose).save_file(tensors, str(path), metadata=metadata)
+    except Exception as e:
+        found = re.search(r"I/O error: (.*?) \(os error (\d+)\)", str(e))
+        if found is None:
+            raise
+        raise OSError(int(found[2]), found[1], str(path)) from None
 
 
 def read_header(path: Path, purpose: str) -> tuple[dict[str, str], dict[str, tuple]]:
@@ -145,8 +162,7 @@ def save_safetensors(path: str | Path, model: ours.Module,
             "info": json.dumps(info or {})}
     if tokenizer is not None:
         meta["tokenizer"] = json.dumps(tokenizer.to_dict())
-    _numpy_api("the safetensors export").save_file(interop.to_torch_state_dict(model),
-                                                   str(path), metadata=meta)
+    write_tensors(Path(path), interop.to_torch_state_dict(model), meta, "the safetensors export")
 
 
 def load_safetensors(path: str | Path, backend: str | None = None) -> Exported:
@@ -230,7 +246,7 @@ def save_optimizer(path: str | Path, optimizer: Adam, model: ours.Module) -> Non
             "t": str(optimizer.t), "lr": repr(optimizer.lr), "beta1": repr(optimizer.betas[0]),
             "beta2": repr(optimizer.betas[1]), "eps": repr(optimizer.eps),
             "weight_decay": repr(optimizer.weight_decay), "decayed": json.dumps(decayed)}
-    _numpy_api("the safetensors export").save_file(tensors, str(path), metadata=meta)
+    write_tensors(Path(path), tensors, meta, "the safetensors export")
 
 
 def load_optimizer(path: str | Path, model: ours.Module,

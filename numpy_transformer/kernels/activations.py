@@ -25,6 +25,7 @@ from numba import njit, prange
 
 from .._checks import check_shaped
 from ._jit import jit_options
+from ._tiers import tiered
 from ._validate import check_kernel_float
 from .special import exp_shifted
 
@@ -43,13 +44,13 @@ def _flat(a: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- ReLU
-@njit(parallel=True, **_JIT)
+@tiered(_JIT)
 def _relu_forward_kernel(x, out):  # pragma: no cover - compiled
     for i in prange(x.size):
         out[i] = 0 if x[i] <= 0 else x[i]  # out = max(x, 0); NaN stays NaN, as np.maximum
 
 
-@njit(parallel=True, **_JIT)
+@tiered(_JIT)
 def _relu_backward_kernel(dout, out, dx):  # pragma: no cover - compiled
     for i in prange(out.size):
         # dx = dout [x > 0] = dout [out > 0] (0 * NaN stays NaN)
@@ -116,14 +117,14 @@ def _erf_f32_array(x, out):  # pragma: no cover - compiled
         out[i] = _erf_f32(x[i])
 
 
-@njit(parallel=True, **_JIT)
+@tiered(_JIT)
 def _gelu_forward_f64(x, out, x_own):  # pragma: no cover - compiled
     for i in prange(x.size):
         out[i] = 0.5 * x[i] * (1.0 + math.erf(x[i] * _INV_SQRT2))  # x Phi(x)
         x_own[i] = x[i]  # the cache's copy
 
 
-@njit(parallel=True, **_JIT)
+@tiered(_JIT)
 def _gelu_backward_f64(dout, x, dx):  # pragma: no cover - compiled
     for i in prange(x.size):
         cdf = 0.5 * (1.0 + math.erf(x[i] * _INV_SQRT2))  # Phi(x)
@@ -131,7 +132,7 @@ def _gelu_backward_f64(dout, x, dx):  # pragma: no cover - compiled
         dx[i] = dout[i] * (cdf + x[i] * pdf)  # d/dx [x Phi(x)] = Phi + x phi
 
 
-@njit(parallel=True, **_JIT)
+@tiered(_JIT)
 def _gelu_forward_f32(x, out, x_own):  # pragma: no cover - compiled
     half, one, c = np.float32(0.5), np.float32(1.0), np.float32(_INV_SQRT2)
     for i in prange(x.size):
@@ -139,7 +140,7 @@ def _gelu_forward_f32(x, out, x_own):  # pragma: no cover - compiled
         x_own[i] = x[i]  # the cache's copy
 
 
-@njit(parallel=True, **_JIT)
+@tiered(_JIT)
 def _gelu_backward_f32(dout, x, dx):  # pragma: no cover - compiled
     half, one = np.float32(0.5), np.float32(1.0)
     c, c_pdf = np.float32(_INV_SQRT2), np.float32(_INV_SQRT_2PI)

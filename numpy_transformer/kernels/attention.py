@@ -49,6 +49,10 @@ from .blas import gemm_address
 # The operations this module gives the numba backend (numpy_transformer.backend)
 __all__ = ['sdpa_forward', 'sdpa_backward']
 
+# Work items the backward pass makes at least, query blocks allowing: two per thread on up to
+# eight threads
+_BACKWARD_ITEMS = 16
+
 
 class SDPAKernelCache(NamedTuple):
     q: np.ndarray  # (B, H, T_q, D) C-contiguous, the forward's own copy (as are k and v)
@@ -186,9 +190,11 @@ def sdpa_backward(dout, cache: SDPAKernelCache):
     b, h, t_q, t_k, d = cache.shape
     dtype = cache.q.dtype
     dout = _writeable(dout)
-    # enough work items for two per thread: one chunk per head unless there are few heads
+    # at least _BACKWARD_ITEMS work items where the query blocks allow: one chunk per head
+    # unless there are few heads. A count of the shape alone, not of the threads: the chunks'
+    # sums then give the same bits on any thread count, and on both tiers (kernels/_tiers.py)
     n_blk = -(-t_q // _BLOCK_Q)
-    n_chunks = max(1, min(n_blk, -(-2 * numba.get_num_threads() // (b * h))))
+    n_chunks = max(1, min(n_blk, -(-_BACKWARD_ITEMS // (b * h))))
     dq, dk, dv = (_heads_view(b, h, t, d, dtype) for t in (t_q, t_k, t_k))
     part_shape = (b, h, n_chunks, t_k, d) if n_chunks > 1 else (1, 1, 1, 1, 1)  # else unused
     dk_part, dv_part = np.empty(part_shape, dtype), np.empty(part_shape, dtype)

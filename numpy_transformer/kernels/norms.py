@@ -40,11 +40,12 @@ Zhang & Sennrich, "Root Mean Square Layer Normalization", 2019.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .._checks import check_scalar, check_shaped
 from ..functional.norms import LayerNormCache, RMSNormCache, check_norm_inputs
 from ._jit import jit_options
+from ._tiers import tiered
 from ._validate import check_cache, check_consistent, check_kernel_float
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
@@ -89,7 +90,7 @@ def _blocks(n: int) -> int:
 
 
 # ------------------------------------------------------------------------------- LayerNorm
-@njit(parallel=True, **_JIT)
+@tiered(_JIT)
 def _layer_norm_forward_kernel(x, w, b, eps, rows, out, x_hat, rstd):
     # pragma: no cover - compiled
     # x, out, x_hat: (N, C); w, b: (C,); rstd: (N,)
@@ -115,7 +116,7 @@ def _layer_norm_forward_kernel(x, w, b, eps, rows, out, x_hat, rstd):
                 out_i[j] = xh_i[j] * w[j] + b[j]  # (3), in x's dtype, as the reference
 
 
-@njit(parallel=True, **_JIT)
+@tiered(_JIT)
 def _layer_norm_backward_kernel(dout, x_hat, w, rstd, dx, dw_part, db_part, rows):
     # pragma: no cover - compiled
     # dout, x_hat, dx: (N, C); w: (C,); rstd: (N,); dw_part, db_part: (blocks, C) float64
@@ -186,7 +187,7 @@ def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
 
 
 # ------------------------------------------------------------------------------- RMSNorm
-@njit(parallel=True, **_JIT)
+@tiered(_JIT)
 def _rms_norm_forward_kernel(x, w, eps, rows, out, x_hat, rrms):  # pragma: no cover - compiled
     # x, out, x_hat: (N, C); w: (C,); rrms: (N,)
     n, c = x.shape
@@ -205,7 +206,7 @@ def _rms_norm_forward_kernel(x, w, eps, rows, out, x_hat, rrms):  # pragma: no c
                 out_i[j] = xh_i[j] * w[j]  # (3), in x's dtype
 
 
-@njit(parallel=True, **_JIT)
+@tiered(_JIT)
 def _rms_norm_backward_kernel(dout, x_hat, w, rrms, dx, dw_part, rows):
     # pragma: no cover - compiled
     # dout, x_hat, dx: (N, C); w: (C,); rrms: (N,); dw_part: (blocks, C) float64

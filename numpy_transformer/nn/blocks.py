@@ -52,6 +52,8 @@ class EncoderBlock(_Block):
         C, H and the FFN's hidden width F.
     norm : str, default "layernorm"
         One of ``config.NORMS``.
+    norm_eps : float, optional
+        The norms' epsilon (default: the norm's own, :func:`make_norm`).
     activation : str, default "gelu"
         One of ``config.ACTIVATIONS``.
     norm_first : bool, default True
@@ -75,20 +77,23 @@ class EncoderBlock(_Block):
     """
 
     def __init__(self, width: int, heads: int, ffn_width: int, *, norm: str = "layernorm",
-                 activation: str = "gelu", norm_first: bool = True, dropout: float = 0.0,
-                 rope: bool = False, alibi: bool = False, max_len: int | None = None,
+                 norm_eps: float | None = None, activation: str = "gelu",
+                 norm_first: bool = True, dropout: float = 0.0, rope: bool = False,
+                 alibi: bool = False, max_len: int | None = None,
                  bias: bool = True, backend: str | Backend = DEFAULT_BACKEND,
                  dtype=np.float64, rng: np.random.Generator | None = None) -> None:
         super().__init__(backend)
         rng = np.random.default_rng() if rng is None else rng
         ops = self.ops
         self.norm_first = norm_first
-        self.norm1 = self.add("norm1", make_norm(norm, width, dtype=dtype, backend=ops))
+        self.norm1 = self.add("norm1", make_norm(norm, width, norm_eps, dtype=dtype,
+                                                 backend=ops))
         self.attn = self.add("attn", MultiHeadAttention(
             width, heads, rope=rope, alibi=alibi, max_len=max_len, bias=bias, backend=ops,
             dtype=dtype, rng=rng))
         self.drop1 = self.add("drop1", Dropout(dropout, seed=_seed(rng)))
-        self.norm2 = self.add("norm2", make_norm(norm, width, dtype=dtype, backend=ops))
+        self.norm2 = self.add("norm2", make_norm(norm, width, norm_eps, dtype=dtype,
+                                                 backend=ops))
         self.ffn = self.add("ffn", FeedForward(width, ffn_width, activation, bias=bias,
                                                   dtype=dtype, rng=rng, backend=ops))
         self.drop2 = self.add("drop2", Dropout(dropout, seed=_seed(rng)))
@@ -125,8 +130,8 @@ class DecoderBlock(_Block):
 
     Parameters
     ----------
-    width, heads, ffn_width, norm, activation, norm_first, dropout, rope, alibi, max_len,
-    bias, backend, dtype, rng
+    width, heads, ffn_width, norm, norm_eps, activation, norm_first, dropout, rope, alibi,
+    max_len, bias, backend, dtype, rng
         As for :class:`EncoderBlock` (rope and alibi apply to the self-attention only).
     cross : bool, default False
         Add the cross-attention sublayer (encoder-decoder models). Without it this is the
@@ -142,27 +147,30 @@ class DecoderBlock(_Block):
     """
 
     def __init__(self, width: int, heads: int, ffn_width: int, *, cross: bool = False,
-                 norm: str = "layernorm", activation: str = "gelu", norm_first: bool = True,
-                 dropout: float = 0.0, rope: bool = False, alibi: bool = False,
-                 max_len: int | None = None, bias: bool = True,
+                 norm: str = "layernorm", norm_eps: float | None = None,
+                 activation: str = "gelu", norm_first: bool = True, dropout: float = 0.0,
+                 rope: bool = False, alibi: bool = False, max_len: int | None = None,
+                 bias: bool = True,
                  backend: str | Backend = DEFAULT_BACKEND, dtype=np.float64,
                  rng: np.random.Generator | None = None) -> None:
         super().__init__(backend)
         rng = np.random.default_rng() if rng is None else rng
         ops = self.ops
         self.norm_first, self.cross = norm_first, cross
-        self.norm1 = self.add("norm1", make_norm(norm, width, dtype=dtype, backend=ops))
+        self.norm1 = self.add("norm1", make_norm(norm, width, norm_eps, dtype=dtype,
+                                                 backend=ops))
         self.attn = self.add("attn", MultiHeadAttention(
             width, heads, rope=rope, alibi=alibi, max_len=max_len, bias=bias, backend=ops,
             dtype=dtype, rng=rng))
         self.drop1 = self.add("drop1", Dropout(dropout, seed=_seed(rng)))
         if cross:
-            self.cross_norm = self.add("cross_norm", make_norm(norm, width, dtype=dtype,
-                                                               backend=ops))
+            self.cross_norm = self.add("cross_norm", make_norm(norm, width, norm_eps,
+                                                               dtype=dtype, backend=ops))
             self.cross_attn = self.add("cross_attn", MultiHeadAttention(
                 width, heads, bias=bias, backend=ops, dtype=dtype, rng=rng))
             self.cross_drop = self.add("cross_drop", Dropout(dropout, seed=_seed(rng)))
-        self.norm2 = self.add("norm2", make_norm(norm, width, dtype=dtype, backend=ops))
+        self.norm2 = self.add("norm2", make_norm(norm, width, norm_eps, dtype=dtype,
+                                                 backend=ops))
         self.ffn = self.add("ffn", FeedForward(width, ffn_width, activation, bias=bias,
                                                   dtype=dtype, rng=rng, backend=ops))
         self.drop2 = self.add("drop2", Dropout(dropout, seed=_seed(rng)))

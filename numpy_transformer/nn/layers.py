@@ -227,12 +227,14 @@ class RMSNorm(Module):
         return dx
 
 
-def make_norm(norm: str, width: int, *, dtype=np.float64,
+def make_norm(norm: str, width: int, eps: float | None = None, *, dtype=np.float64,
               backend: BackendArg = DEFAULT_BACKEND) -> LayerNorm | RMSNorm:
-    """``LayerNorm(width)`` for ``"layernorm"``, ``RMSNorm(width)`` for ``"rmsnorm"``."""
+    """``LayerNorm(width)`` for ``"layernorm"``, ``RMSNorm(width)`` for ``"rmsnorm"``; with
+    ``eps``, that epsilon instead of the norm's default (1e-5; the dtype's)."""
     check_choice("norm", norm, NORMS)
-    norm_class = LayerNorm if norm == "layernorm" else RMSNorm
-    return norm_class(width, dtype=dtype, backend=backend)
+    if norm == "layernorm":
+        return LayerNorm(width, 1e-5 if eps is None else eps, dtype=dtype, backend=backend)
+    return RMSNorm(width, eps, dtype=dtype, backend=backend)
 
 
 class Dropout(Module):

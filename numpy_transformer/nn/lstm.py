@@ -107,6 +107,8 @@ class LSTM(Module):
         back into ``state``.
         """
         p = self.params
+        if state is not None:
+            self._check_state(state, x.shape[0])
         caches = []
         for k in range(self.layers):
             h0, c0 = (None, None) if state is None else (state.h[k], state.c[k])
@@ -118,6 +120,20 @@ class LSTM(Module):
                 state.h[k], state.c[k] = h_t, c_t
         self.cache = caches
         return x
+
+    def _check_state(self, state: LSTMState, batch: int) -> None:
+        """Raise ``ValueError`` unless ``state`` holds (h, c) of shape (L, B, H) for this
+        LSTM's L layers and width H, and the B sequences of the input."""
+        if not isinstance(state, LSTMState):
+            raise ValueError(f"state must be an LSTMState (new_state), got "
+                             f"{type(state).__name__}")
+        want = (self.layers, batch, self.hidden)
+        for name, a in (("h", state.h), ("c", state.c)):
+            if not isinstance(a, np.ndarray) or a.shape != want or a.dtype.kind != "f":
+                got = (f"{a.dtype} array of shape {a.shape}" if isinstance(a, np.ndarray)
+                       else type(a).__name__)
+                raise ValueError(f"state.{name} must be a float array of shape {want} (layers, "
+                                 f"batch, hidden), got a {got}")
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout : (B, T, H) -> dx : (B, T, C); adds into every layer's four gradients.

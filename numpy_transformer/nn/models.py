@@ -32,10 +32,11 @@ if TYPE_CHECKING:
 
 def _block_options(config: TransformerConfig, rng: np.random.Generator) -> dict:
     """The keyword arguments every block of a model shares (the backend: its namespace)."""
-    return dict(norm=config.norm, activation=config.activation, norm_first=config.norm_first,
-                dropout=config.dropout, rope=config.positions == "rope",
-                alibi=config.positions == "alibi", max_len=config.max_len, bias=config.bias,
-                backend=get_backend(config.backend), dtype=np.dtype(config.dtype), rng=rng)
+    return dict(norm=config.norm, norm_eps=config.norm_eps, activation=config.activation,
+                norm_first=config.norm_first, dropout=config.dropout,
+                rope=config.positions == "rope", alibi=config.positions == "alibi",
+                max_len=config.max_len, bias=config.bias, backend=get_backend(config.backend),
+                dtype=np.dtype(config.dtype), rng=rng)
 
 
 class Embeddings(Module):
@@ -105,7 +106,8 @@ class Encoder(Module):
         self.final_norm = None  # post-LN blocks already end in a norm
         if c.norm_first:
             self.final_norm = self.add("final_norm", make_norm(
-                c.norm, c.width, dtype=np.dtype(c.dtype), backend=get_backend(c.backend)))
+                c.norm, c.width, c.norm_eps, dtype=np.dtype(c.dtype),
+                backend=get_backend(c.backend)))
 
     def forward(self, tokens: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         x = self.embed(tokens)  # (B, T, C)
@@ -140,7 +142,8 @@ class Decoder(Module):
         self.final_norm = None
         if c.norm_first:
             self.final_norm = self.add("final_norm", make_norm(
-                c.norm, c.width, dtype=np.dtype(c.dtype), backend=get_backend(c.backend)))
+                c.norm, c.width, c.norm_eps, dtype=np.dtype(c.dtype),
+                backend=get_backend(c.backend)))
 
     def forward(self, tokens: np.ndarray, memory: np.ndarray | None = None,
                 memory_mask: np.ndarray | None = None,

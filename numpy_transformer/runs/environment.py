@@ -17,16 +17,24 @@ from .outputs import UsageError
 VARIABLES = {
     KERNELS_VARIABLE: "the kernels the numba backend takes (numpy_transformer/backend.py)",
     STEPS_VARIABLE: "the default of train --steps (a quick walk through the commands)",
-    "NUMBA_NUM_THREADS": "the threads of the numba kernels, a positive integer",
+    "NUMBA_NUM_THREADS": "the threads of the numba kernels, a positive integer (at most the "
+                         "machine's CPUs)",
     "OMP_NUM_THREADS": "the threads of OpenMP, positive integers separated by commas",
 }
 
 
 def _thread_count(name: str, value: str) -> None:
-    """Refuse a thread count that is not positive integers separated by commas."""
+    """Refuse a thread count that is not positive integers separated by commas, and a Numba
+    pool larger than the machine: Numba starts every thread of its pool at the first parallel
+    kernel, and tens of thousands of them crash the interpreter (a segmentation fault, seen
+    with 99999), where more threads than CPUs only wait for each other anyway."""
     parts = value.split(",") if name == "OMP_NUM_THREADS" else [value]
     if not all(part.strip().isdigit() and int(part) > 0 for part in parts):
         raise UsageError(f"{name}={value!r}: expected {VARIABLES[name].split(', ', 1)[1]}")
+    cpus = os.cpu_count() or 1
+    if name == "NUMBA_NUM_THREADS" and int(value) > cpus:
+        raise UsageError(f"{name}={value!r}: at most {cpus}, the CPUs of this machine (Numba's "
+                         f"own default)")
 
 
 def check_environment() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..export import export_run, optimizer_of
 from .folder import checkpoint_path
-from .outputs import UsageError
+from .outputs import UsageError, signals_held
 from .state import model_from_checkpoint
 
 
@@ -53,9 +53,14 @@ def export_checkpoint(target: str | Path, fmt: str, out: str | Path | None = Non
                                info={"step": ckpt.step, "options": ckpt.options})
         except (ImportError, ValueError) as e:
             raise UsageError(f"{path}: {e}") from None
-        out.mkdir(exist_ok=True)
-        for file in files:
-            os.replace(file, out / file.name)
+        except OSError as e:  # name the file it was writing as the one it was to become
+            if e.filename is None or Path(e.filename).parent != staging:
+                raise
+            raise OSError(e.errno, e.strerror, str(out / Path(e.filename).name)) from None
+        with signals_held():  # a stop now would leave ``out`` with some of the files only
+            out.mkdir(exist_ok=True)
+            for file in files:
+                os.replace(file, out / file.name)
         return [out / file.name for file in files]
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -134,7 +134,8 @@ class _StopRequest:
         self.previous: dict = {}
 
     def _handle(self, signum, frame) -> None:
-        self.signum = signum
+        if self.signum is None:  # a second signal (during the save, say) changes nothing
+            self.signum = signum
 
     def __enter__(self) -> _StopRequest:
         for sig in (signal.SIGINT, signal.SIGTERM):

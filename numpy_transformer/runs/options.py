@@ -145,12 +145,12 @@ OPTIONS = (
            "folder (its checkpoint.npz), a checkpoint .npz or an exported folder (safetensors "
            "or Hugging Face): a new run from step 0, with fresh optimiser state", metavar="SOURCE",
            default=None, shown={None: "random weights from --seed"},
-           since=(4, None)),  # runs written before it started from their seed
+           since=(5, None)),  # runs written before it started from their seed
     Option("tokenizer", DATA, "char: a token per character; bpe: a byte-level BPE learned on "
            "the text (needs the tokenizers package of the hf extra)", choices=TOKENIZERS,
-           default=TOKENIZERS[0], since=(4, TOKENIZERS[0])),  # before it: characters
+           default=TOKENIZERS[0], since=(5, TOKENIZERS[0])),  # before it: characters
     Option("vocab_size", DATA, "the BPE's vocabulary size, --tokenizer bpe only",
-           rule=BPE_VOCAB, default=None, metavar="N", shown={None: "none"}, since=(4, None)),
+           rule=BPE_VOCAB, default=None, metavar="N", shown={None: "none"}, since=(5, None)),
     Option("model", MODEL, "the language model: a Transformer (DecoderLM) or an LSTM "
            "(LSTMLM); --task lm only", choices=MODELS, default=DEFAULT_MODEL,
            since=(2, DEFAULT_MODEL)),  # runs written before --model trained a Transformer
@@ -172,6 +172,9 @@ OPTIONS = (
     Option("ffn_width", TRANSFORMER, "feed-forward hidden width", "config", POSITIVE_INT,
            default=168, overrides={"task": 128}),
     Option("norm", TRANSFORMER, "", "config", choices=NORMS),
+    Option("norm_eps", TRANSFORMER, "the norms' epsilon", "config", POSITIVE, default=None,
+           metavar="EPS", since=(4, None),  # runs written before it had the norms' defaults
+           shown={None: "LayerNorm 1e-5, RMSNorm the dtype's machine epsilon"}),
     Option("activation", TRANSFORMER, "", "config", choices=ACTIVATIONS, default="relu"),
     Option("positions", TRANSFORMER, "", "config", choices=POSITIONS),
     Option("norm_first", TRANSFORMER, "post-LN blocks as Vaswani et al.", "config",
@@ -215,7 +218,7 @@ OPTIONS = (
            metavar="K", since=(3, 0)),  # runs written before it never stopped early
     Option("stats_every", TRAINING, "every N steps, each tensor's gradient norm and update-"
            "to-weight ratio into log.jsonl and stats.png, 0 = never", rule=NONNEG_INT,
-           default=0, since=(4, 0)),  # runs written before it kept none
+           default=0, since=(5, 0)),  # runs written before it kept none
     Option("save_every", TRAINING, "checkpoint every N steps, 0 = only at the end",
            rule=NONNEG_INT, default=100),
     Option("out", FOLDER, f"where the run goes [{default_run_folder('lm')}, "

@@ -7,7 +7,10 @@ reads it before NumPy is loaded, and every other module of the package may impor
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
+from collections.abc import Iterator
 
 
 class UsageError(ValueError):
@@ -39,11 +42,63 @@ EXIT_CODES = {
        "on stderr, no traceback, nothing overwritten",
     74: "a file could not be read or written (permission, read-only folder, full disk, size "
         "limit: sysexits' EX_IOERR); the previous checkpoint is left intact",
-    130: "stopped by SIGINT (Ctrl-C) after writing a checkpoint; --resume continues exactly",
+    130: "stopped by SIGINT (Ctrl-C): train after writing a checkpoint (--resume continues "
+         "exactly); every command leaves no file half-written and no worker process behind",
     143: "stopped by SIGTERM, the same way",
 }
 EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_IO, EXIT_SIGINT, EXIT_SIGTERM = EXIT_CODES  # in order
 EXIT_ON_SIGNAL = {signal.SIGINT: EXIT_SIGINT, signal.SIGTERM: EXIT_SIGTERM}  # 128 + signal
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM (``signum``), raised wherever the command was when it came.
+
+    A ``KeyboardInterrupt``, so what cleans up after one (a temporary file removed, a worker
+    process killed) does the same for both signals, and no ``except Exception`` takes it for
+    an error of its own.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Within: the first SIGINT or SIGTERM raises :class:`Interrupted`, and the ones after it
+    are ignored, so a second Ctrl-C cannot break off the clean-up the first one started.
+
+    The training loop puts its own handler in place while it runs (a signal there ends the
+    step in flight and saves, :mod:`numpy_transformer.runs.loop`); the previous handlers come
+    back on the way out. Outside the main thread, where Python allows no handler, nothing
+    changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: object) -> None:
+        for sig in EXIT_ON_SIGNAL:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, handle) for sig in EXIT_ON_SIGNAL}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Within: SIGINT and SIGTERM wait (blocked for this thread) and arrive on the way out, so
+    a few renames that only make sense together all happen."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, EXIT_ON_SIGNAL)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """Compile a run's kernels in parallel processes when Numba's cache does not hold them yet.
 
 On an empty Numba cache the first training step compiles every kernel it calls, one after
-the other, on one core: about 22 s for the chapter's model on the benchmark machine, almost
-half of it the attention's two kernels (``benchmarks/README.md``). Kernels compile
-independently of each other, so before the first step :func:`precompile` gives them to worker
-processes, one per group of kernels (``GROUPS``):
+the other, on one core. Kernels compile independently of each other, so before the first
+step :func:`precompile` gives them to worker processes, one per group of kernels
+(``GROUPS``). The workers compile the kernels' first tier, the plain loops, which compile in
+a third of the time of the parallel ones (``kernels/_tiers.py``); the run starts on them, and
+a background process, started at the first step boundary, compiles the parallel tier while
+it trains; each kernel switches to it at the first step boundary after it is in the cache:
 
 * each worker builds the same run and does what the run will: its first training step, an
   evaluation forward and, for a language model, the first tokens of the report's sample. It
@@ -17,11 +19,12 @@ processes, one per group of kernels (``GROUPS``):
   compiling nothing).
 
 The run's numbers do not change: a kernel loaded from the cache is the code the run would
-have compiled itself. Whether the cache is cold is read from Numba's cache index of the
-group's largest kernel (the attention's forward, the LSTM's backward): no entry there for the
-run's dtype means the kernels were never compiled on this machine, or the library or Numba
-changed since. A warm cache costs that one read. On a single core, or when a worker fails,
-the run compiles as it always did, in its first step.
+have compiled itself, and the two tiers give the same bits. Whether the cache is cold is read
+from Numba's cache index of the group's largest kernel (the attention's forward, the LSTM's
+backward): no entry there on either tier for the run's dtype means the kernels were never
+compiled on this machine, or the library or Numba changed since. A warm cache costs that one
+read. On a single core, or when a worker fails, the run compiles as it always did, in its
+first step (the serial tier there too).
 """
 
 from __future__ import annotations
@@ -73,26 +76,22 @@ LARGEST = {"transformer": ("attention", "_sdpa_forward_kernel"),
 WORKER_BYTES = 400 * 2**20
 # A worker imports this very package, first on its path: not another copy that the working
 # directory may hold (its kernels would go to another cache).
-WORKER = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); "
-          f"from {__name__} import work; work(json.load(sys.stdin))")
+WORKER = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); "
+          f"from {__name__} import work_from_stdin; work_from_stdin()")
 
 
 def is_cached(model: str, dtype: str) -> bool:
-    """Whether Numba's cache holds the largest kernel of a ``model`` run for ``dtype``.
-
-    Reads the cache index of that kernel through Numba's own cache object (a private
-    interface: if it has moved, the cache counts as warm and nothing changes).
-    """
+    """Whether Numba's cache holds the largest kernel of a ``model`` run for ``dtype``, on
+    either tier (``kernels/_tiers.py``)."""
     import numba
+
+    from ..kernels._tiers import PARALLEL, SERIAL
 
     module, name = LARGEST[model]
     kernel = getattr(importlib.import_module(f"..kernels.{module}", __package__), name)
-    try:
-        index = kernel._cache._cache_file._load_index()  # {(signature, ...): file}
-    except Exception:  # noqa: BLE001 - any failure means: do as before
-        return True
     wanted = numba.from_dtype(np.dtype(dtype))
-    return any(getattr(t, "dtype", None) == wanted for key in index for t in key[0])
+    return any(getattr(t, "dtype", None) == wanted for tier in (SERIAL, PARALLEL)
+               for signature in kernel.cached_signatures(tier) for t in signature)
 
 
 def precompile(run: Run, stopping: Callable[[], bool] = lambda: False) -> bool:
@@ -125,8 +124,9 @@ def precompile(run: Run, stopping: Callable[[], bool] = lambda: False) -> bool:
             worker = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE,
                                       stdout=subprocess.DEVNULL, stderr=errors,
                                       env=worker_env(group), text=True, start_new_session=True)
-            worker.stdin.write(job)
-            worker.stdin.close()
+            worker.stdin.write(job + "\n")  # one line, and the pipe kept open: a worker
+            worker.stdin.flush()  # ends itself when this process dies (exit_with_parent)
+            files.callback(worker.stdin.close)
             workers.append((group, worker, errors))
         while any(worker.poll() is None for _, worker, _ in workers):
             if stopping():
@@ -160,10 +160,24 @@ def worker_job(run: Run) -> dict:
             "tokenizer": run.tokenizer and run.tokenizer.to_dict()}
 
 
+def work_from_stdin() -> None:
+    """A worker process: :func:`work` on the job of its standard input's first line, ended
+    as soon as the pipe closes (this process's parent died, by any signal)."""
+    from ..kernels._tiers import exit_with_parent
+
+    job = json.loads(sys.stdin.readline())
+    exit_with_parent()
+    work(job)
+
+
 def work(job: dict) -> None:
     """One worker's job (:func:`worker_job`), on the kernels of ``NUMPY_TRANSFORMER_KERNELS``
     (the rest on the references): what the run calls, the run's first step, an evaluation
-    forward and, for a language model, the report's sample (one new row at a time)."""
+    forward and, for a language model, the report's sample (one new row at a time). The
+    kernels compile their serial tier, the run's first (``kernels/_tiers.py``)."""
+    from ..kernels._tiers import SERIAL, set_tier
+
+    set_tier(SERIAL)
     tokenizer = job["tokenizer"] and tokenizer_from_dict(job["tokenizer"])
     run = Run(job["config"], job["options"], tokenizer=tokenizer or None)
     batch = run.batch(0)
