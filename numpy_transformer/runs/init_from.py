@@ -30,7 +30,7 @@ from .outputs import UsageError
 from .state import Run, model_from_checkpoint
 
 FREE_FIELDS = ("dtype", "backend", "dropout")  # config fields the weights do not fix
-WEIGHTS = "model.safetensors"
+WEIGHTS = "model.safetensors"  # what an exported folder holds (export.WEIGHTS_FILE)
 
 
 class Source(NamedTuple):
@@ -67,11 +67,9 @@ def read_source(target: str | Path) -> Source:
         raise UsageError(f"--init-from {target}: no such file or folder")
     try:
         if path.is_dir() and (path / WEIGHTS).is_file() or path.suffix == ".safetensors":
-            from ..export import load_hf, load_safetensors
+            from ..export import load_model
 
-            hf = path.is_dir() and (path / "config.json").is_file()
-            exported = load_hf(path) if hf else load_safetensors(
-                path / WEIGHTS if path.is_dir() else path)
+            exported = load_model(path)
             model, tokenizer, step = exported.model, exported.tokenizer, exported.info.get("step")
         else:
             model, tokenizer, ckpt = model_from_checkpoint(path)
