@@ -12,7 +12,8 @@ What a checkpoint holds (every key of the ``.npz``)::
                           (each Dropout layer's, the task's data generator, the sampler's)
     config                JSON: the model's TransformerConfig as a dict
     options               JSON: the training options (task, steps, lr, ...)
-    tokenizer             JSON: CharTokenizer.to_dict(), or null for the synthetic tasks
+    tokenizer             JSON: CharTokenizer.to_dict() or BPETokenizer.to_dict() (bpe.py),
+                          or null for the synthetic tasks
     meta                  JSON: anything else the trainer wants back (e.g. "finished")
 
 JSON travels as a 0-d unicode array (``np.array(json_str)``) so the file is read with
@@ -26,10 +27,12 @@ Format versions: 1, the first; 2, the run folder's ``config.json`` records its v
 every option of ``numpy-transformer train`` is recorded (``runs/options.py``: a version-1 run
 may lack ``model``); 3, ``early_stop`` is recorded (an older run never stopped early); 4, the
 config's ``norm_eps`` (an older run's norms had their defaults) and ``kv_heads`` (an older
-run had one kv head per query head). The layout above is the same in all. A file of an older
-version is read as it is; ``runs.state.read_run`` brings its run to today's format (each
-option a version did not record takes the value that reproduces what it did). A file of a
-newer version is refused, naming both versions.
+run had one kv head per query head); 5, ``init_from``, ``tokenizer``, ``vocab_size`` and
+``stats_every`` are recorded (an older run started from its seed, on characters, without
+tensor statistics). The layout above is the same in all. A file of an older version is read
+as it is; ``runs.state.read_run`` brings its run to today's format (each option a version did
+not record takes the value that reproduces what it did). A file of a newer version is
+refused, naming both versions.
 
 Every problem found on loading raises :class:`CheckpointError` (a ``ValueError``) with one
 line naming the file and the problem.
@@ -55,7 +58,7 @@ __all__ = ["FORMAT_VERSION", "CheckpointError", "Checkpoint", "save_checkpoint",
            "load_checkpoint", "check_format_version", "dropout_layers", "rng_states",
            "set_rng_states"]
 
-FORMAT_VERSION = 4  # what this version writes; it reads 1 to FORMAT_VERSION (see above)
+FORMAT_VERSION = 5  # what this version writes; it reads 1 to FORMAT_VERSION (see above)
 JSON_KEYS = ("optimizer", "rng", "config", "options", "tokenizer", "meta")
 REQUIRED_KEYS = ("format_version", "step") + JSON_KEYS
 OPTIMIZER_KEYS = {"kind", "t", "lr", "beta1", "beta2", "eps", "weight_decay"}
@@ -397,8 +400,10 @@ def _check_values(path: Path, arrays: dict[str, np.ndarray], decoded: dict, m: d
     if negative is not None:
         raise CheckpointError(f"{path}: adam_v.{negative} holds negative second moments")
     tokenizer, vocab = decoded["tokenizer"], decoded["config"].get("vocab")
-    if tokenizer is not None and not (isinstance(tokenizer, dict)
-                                      and isinstance(tokenizer.get("chars"), str)
-                                      and len(tokenizer["chars"]) == vocab):
+    size = None  # a CharTokenizer's characters, or what a BPETokenizer's dict says
+    if isinstance(tokenizer, dict):
+        size = len(tokenizer["chars"]) if isinstance(tokenizer.get("chars"), str) else \
+            tokenizer.get("vocab_size") if isinstance(tokenizer.get("bpe"), str) else None
+    if tokenizer is not None and size != vocab:
         raise CheckpointError(f"{path}: the tokenizer does not match the embedding table of "
                               f"{vocab!r} tokens in the config")

@@ -69,11 +69,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.config is not None:  # the file's options, where no flag gave one
         from_file = read_config_file(args.config)
         given.update({k: v for k, v in from_file.items() if given[k] is None})
-    config_fields, options = resolve_options(given.pop("task"), given)
+    source = None
+    if given["init_from"] is not None:  # the model's options come from the source
+        from .runs.init_from import resolve_init_from
+
+        config_fields, options, source = resolve_init_from(given)
+    else:
+        config_fields, options = resolve_options(given.pop("task"), given)
     from .runs.loop import start_run
 
     return start_run(config_fields, options, args.out, bool(args.force),
-                     progress=not args.quiet)
+                     progress=not args.quiet, source=source)
 
 
 def chosen_checkpoint(args: argparse.Namespace):

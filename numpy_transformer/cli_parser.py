@@ -100,6 +100,8 @@ examples:
   numpy-transformer train --width 16 --heads 2 --layers 1 --ffn-width 32 --context 32 \\
       --steps 40 --out runs/tiny
   numpy-transformer train --resume runs/tiny   # after Ctrl-C: continues bit for bit
+  numpy-transformer train --init-from runs/char-lm --text notes.txt --lr 5e-4 --out runs/ft
+  numpy-transformer train --tokenizer bpe --vocab-size 512 --text notes.txt  # subword tokens
 
 """ + textwrap.fill(
     "Defaults in brackets are the language model's (the chapter's), then, where they differ, "
@@ -197,10 +199,11 @@ def add_sample(sub) -> None:
                        epilog="example:\n  numpy-transformer sample runs/char-lm --prompt "
                        "'def ' --length 400 --temperature 0.7 --top-k 20", formatter_class=RAW)
     add_lm_run(s)
-    s.add_argument("--prompt", help="text to continue; every character must be in the "
+    s.add_argument("--prompt", help="text to continue; every character must be in a character "
                    f"model's vocabulary [{SAMPLE_PROMPT!r}]")
     s.add_argument("--length", type=number(LENGTH), default=SAMPLE_LENGTH,
-                   help=f"characters to generate, at most {MAX_SAMPLE_LENGTH:,} [%(default)s]")
+                   help=f"tokens (characters, or a BPE's subwords) to generate, at most "
+                   f"{MAX_SAMPLE_LENGTH:,} [%(default)s]")
     s.add_argument("--temperature", type=number(POSITIVE), default=SAMPLE_TEMPERATURE,
                    help="divides the logits; < 1 is more conservative [%(default)s]")
     s.add_argument("--top-k", type=number(POSITIVE_INT), help="keep the k most likely tokens")
@@ -212,9 +215,10 @@ def add_sample(sub) -> None:
 
 def add_eval(sub) -> None:
     v = sub.add_parser("eval", help="a trained language model's loss on a text",
-                       description="The loss (nats per character), perplexity and bits per "
-                       "character of a run's language model on a text, over fixed windows of "
-                       "its context, each from an empty history.",
+                       description="The loss (nats per token: per character, or per BPE "
+                       "token), perplexity and bits per token of a run's language model on a "
+                       "text, over fixed windows of its context, each from an empty history; "
+                       "for a BPE, the bits per character too.",
                        epilog="examples:\n  numpy-transformer eval runs/char-lm\n  "
                        "numpy-transformer eval runs/char-lm --text notes.txt",
                        formatter_class=RAW)

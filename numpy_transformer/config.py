@@ -36,6 +36,10 @@ BACKENDS = ("numpy", "numba")  # numpy_transformer.backend builds each one's ope
 KERNEL_MODULES = ("activations", "adam", "attention", "embedding", "feedforward", "linear",
                   "lstm", "norms", "softmax")
 EXPORT_FORMATS = ("safetensors", "hf")  # what numpy_transformer.export writes: PyTorch, HF
+# a language model's tokens: characters, or a byte-level BPE (numpy_transformer/bpe.py) of at
+# least the 256 bytes and one merge
+TOKENIZERS = ("char", "bpe")
+BPE_MIN_VOCAB = 257
 # the training-step benchmarks' configurations (numpy_transformer/bench/configs.py)
 BENCH_CONFIGS = ("chapter", "small", "wide", "long", "gpt2", "lstm")
 # Limits the "numba" backend to the kernels it names (numpy_transformer/backend.py)

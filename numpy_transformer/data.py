@@ -144,6 +144,10 @@ class CharTokenizer:
             return ids[known]
         return np.where(known, ids, self.chars.index(self.replacement))
 
+    def missing(self, text: str) -> list[str]:
+        """The distinct characters of ``text`` outside the vocabulary, sorted."""
+        return sorted(set(text) - set(self.chars))
+
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
         """The text of a 1-D sequence of ids.
 

@@ -24,33 +24,83 @@ def _save(fig, path: Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def loss_plot(records: list[dict], path: Path) -> None:
-    """Training loss per step (faint), its 50-step running mean, and the held-out losses."""
+def loss_figure(records: list[dict], clip: float | None = None):
+    """The dynamics of a run from its ``log.jsonl`` records, three panels over the steps.
+
+    1. The training loss (faint), its running mean over up to 50 steps, the held-out losses.
+    2. The learning rate of each step (the schedule, warmup included).
+    3. The global gradient norm before clipping, on a log scale, with the clipping threshold
+       ``clip`` drawn and the share of the steps it clipped in the legend.
+
+    Parameters
+    ----------
+    records : list of dict
+        The run's log: per step ``{"step", "loss", "lr", "grad_norm", ...}``, per evaluation
+        ``{"step", "val_loss", ...}``.
+    clip : float, optional
+        The run's ``--clip`` (None: no clipping, no threshold drawn).
+
+    Returns
+    -------
+    fig : matplotlib.figure.Figure
+    """
     from matplotlib.figure import Figure
 
-    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    train = [r for r in records if "loss" in r]
     val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
-    fig = Figure(figsize=(7, 4))
-    ax = fig.add_subplot()
+    fig = Figure(figsize=(7, 7.5))
+    ax_loss, ax_lr, ax_norm = fig.subplots(3, 1, sharex=True,
+                                           gridspec_kw={"height_ratios": (2, 1, 1.3)})
     if train:
-        steps, loss = np.array(train).T
-        ax.plot(steps, loss, color="C0", alpha=0.3, lw=0.8, label="training loss")
+        steps, loss = np.array([(r["step"], r["loss"]) for r in train]).T
+        ax_loss.plot(steps, loss, color="C0", alpha=0.3, lw=0.8, label="training loss")
         k = max(1, min(50, len(loss) // 10))
         smooth = np.convolve(loss, np.ones(k) / k, mode="valid")
-        ax.plot(steps[k - 1:], smooth, color="C0", label=f"training loss, mean of {k}")
+        ax_loss.plot(steps[k - 1:], smooth, color="C0", label=f"training loss, mean of {k}")
+        ax_lr.plot(steps, [r["lr"] for r in train], color="C2")
+        norms = np.array([r["grad_norm"] for r in train])
+        ax_norm.plot(steps, norms, color="C3", lw=0.8, label="gradient norm, before clipping")
+        if clip:
+            ax_norm.axhline(clip, color="k", ls="--", lw=1,
+                            label=f"clip {clip:g}: {np.mean(norms > clip):.0%} of steps clipped")
+        ax_norm.set_yscale("log")
+        ax_norm.legend(fontsize=8)
     if val:
         steps, loss = np.array(val).T
-        ax.plot(steps, loss, "o-", color="C1", label="held-out loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats)")
-    ax.grid(alpha=0.3)
-    ax.legend()
+        ax_loss.plot(steps, loss, "o-", color="C1", label="held-out loss")
+    ax_loss.set_ylabel("cross-entropy (nats)")
+    ax_loss.legend()
+    ax_lr.set_ylabel("learning rate")
+    ax_lr.set_ylim(bottom=0)
+    ax_norm.set_ylabel("gradient norm")
+    ax_norm.set_xlabel("step")
+    for ax in (ax_loss, ax_lr, ax_norm):
+        ax.grid(alpha=0.3)
     fig.tight_layout()
-    _save(fig, path)
+    return fig
+
+
+def loss_plot(records: list[dict], path: Path, clip: float | None = None) -> None:
+    """Save :func:`loss_figure` of a run's log as a PNG at ``path``."""
+    _save(loss_figure(records, clip), path)
+
+
+def tensor_groups(names: list[str]) -> dict[str, list[str]]:
+    """The tensors of a model by layer: ``"decoder.blocks.0"`` for each block's (the encoder's
+    and decoder's apart), and one group for the rest (embeddings, final norms, head), in the
+    model's order."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        parts = name.split(".")
+        cut = next((i + 2 for i, part in enumerate(parts[:-2]) if part in ("blocks", "layers")
+                    and parts[i + 1].isdigit()), 0)
+        groups.setdefault(".".join(parts[:cut]) if cut else "", []).append(name)
+    return groups
 
 
 def tensor_stats_figure(stats: list[dict]):
-    """Per-tensor gradient norm and update-to-weight ratio over training, one line a tensor.
+    """Per-tensor gradient norm and update-to-weight ratio over training, one row of two
+    panels per layer (:func:`tensor_groups`), one line a tensor, each row with its legend.
 
     Parameters
     ----------
@@ -61,33 +111,37 @@ def tensor_stats_figure(stats: list[dict]):
     Returns
     -------
     fig : matplotlib.figure.Figure
-        Two panels; the right one is the classic health check of a run, ``||dW|| / ||W||``
-        around 1e-3 per step. A notebook shows it with ``display(fig)``.
+        The right column is the classic health check of a run, ``||dW|| / ||W||`` around
+        1e-3 per step. A notebook shows it with ``display(fig)``.
 
     Raises
     ------
     ValueError
         If ``stats`` is empty (the trainer was built without ``stats_every``).
     """
+    from matplotlib import colormaps
     from matplotlib.figure import Figure
 
     if not stats:
         raise ValueError("no tensor statistics to plot: train with Trainer(stats_every=N)")
     steps = [s["step"] for s in stats]
-    names = [n for n in stats[0] if n != "step"]
-    fig = Figure(figsize=(11, 4.5))
-    axes = fig.subplots(1, 2)
-    for key, ax, label in (("grad_norm", axes[0], "gradient norm (after clipping)"),
-                           ("update_ratio", axes[1], "update / weight  ||dW|| / ||W||")):
-        for i, name in enumerate(names):
-            ax.plot(steps, [s[name][key] for s in stats], lw=1, color=f"C{i % 10}",
-                    label=name if key == "grad_norm" and len(names) <= 12 else None)
-        ax.set_yscale("log")
+    groups = tensor_groups([n for n in stats[0] if n != "step"])
+    fig = Figure(figsize=(13, 3.2 * len(groups)))
+    axes = fig.subplots(len(groups), 2, squeeze=False)
+    colors = colormaps["tab20"]
+    for row, (group, names) in zip(axes, groups.items(), strict=True):
+        for key, ax, label in (("grad_norm", row[0], "gradient norm (after clipping)"),
+                               ("update_ratio", row[1], "update / weight  ||dW|| / ||W||")):
+            for i, name in enumerate(names):
+                ax.plot(steps, [s[name][key] for s in stats], lw=1, color=colors(i % 20),
+                        ls="-" if i < 20 else "--", label=name[len(group):].lstrip("."))
+            ax.set_yscale("log")
+            ax.set_title(f"{group or 'embeddings, final norms, head'}: {label}", fontsize=10)
+            ax.grid(alpha=0.3)
+        row[1].legend(fontsize=7, ncol=1 + len(names) // 10, loc="center left",
+                      bbox_to_anchor=(1.01, 0.5))
+    for ax in axes[-1]:
         ax.set_xlabel("step")
-        ax.set_title(label)
-        ax.grid(alpha=0.3)
-    if len(names) <= 12:
-        axes[0].legend(fontsize=6)
     fig.tight_layout()
     return fig
 
@@ -102,7 +156,7 @@ def _snippet(run):
     model = run.model
     if run.task == "lm":
         ids = np.asarray(run.val_ids[:min(run.config.max_len, 40)])
-        chars = [repr(ch)[1:-1] for ch in run.tokenizer.decode(ids)]
+        chars = [repr(run.tokenizer.decode(ids[i:i + 1]))[1:-1] for i in range(len(ids))]
         return model.decoder.blocks[-1].attn, (ids[None, :],), chars, chars
     inputs = tuple(a[:1] for a in run.eval_set.inputs)
     if run.task == "reverse":  # cross-attention: target positions read the source

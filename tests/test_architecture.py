@@ -27,7 +27,7 @@ LAYERS = (
     ("kernels",),  # the same contracts, compiled
     ("backend",),  # the one seam between the two
     ("nn",),  # modules and models
-    ("optim", "schedules", "train", "generate", "sampling", "checkpoint", "gradcheck",
+    ("optim", "schedules", "train", "generate", "sampling", "checkpoint", "gradcheck", "bpe",
      "gradcheck_tables", "data", "tasks", "corpus", "interop", "plots", "export",
      "torch_twins"),  # built on nn
     ("runs", "bench"),  # training runs on disk; the benchmarks the command line runs

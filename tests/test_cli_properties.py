@@ -43,6 +43,8 @@ PATHS = {
     "out": ("new", "empty folder", "folder with a file", "file", "''"),
     "config": ("steps 2", "not toml", "unknown key", "bad value", "missing"),
     "source": ("export", "export file", "lm", "missing", "empty folder", "text file"),
+    "init_from": ("export", "export file", "lm", "lstm", "lm checkpoint", "missing",
+                  "empty folder", "text file"),
 }
 OTHER = {"prompt": st.text(max_size=6),
          "names": st.lists(st.sampled_from([*SECTIONS, "nothing"]), max_size=2)}

@@ -102,8 +102,8 @@ def _given(option) -> list[str]:
         return [flag(option.key)]
     model = next(m for m in MODELS if applies(option, m))
     value = default_of(option, "lm", model) if option.store else "x"
-    if value is None:  # an optional number, or a file name
-        value = 1 if option.rule is not None else "x"
+    if value is None:  # an optional number (one it accepts: --vocab-size 1 is not), or a file
+        value = next(v for v in (1, 1024) if option.rule.ok(v)) if option.rule else "x"
     return [flag(option.key), str(value)]
 
 

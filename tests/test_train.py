@@ -122,7 +122,7 @@ def test_named_access_to_activations_and_gradients_after_a_step():
 
 
 def test_tensor_stats_plot(tmp_path):
-    from numpy_transformer.plots import tensor_stats_figure, tensor_stats_plot
+    from numpy_transformer.plots import tensor_groups, tensor_stats_figure, tensor_stats_plot
 
     ids = corpus()
     schedule = window_schedule(len(ids), 10, 4, 4, np.random.default_rng(2))
@@ -131,8 +131,14 @@ def test_tensor_stats_plot(tmp_path):
     tensor_stats_plot(trainer.tensor_stats, tmp_path / "stats.png")
     assert (tmp_path / "stats.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     fig = tensor_stats_figure(trainer.tensor_stats)  # what a notebook displays
-    tensors = len(list(trainer.model.named_parameters()))
-    assert len(fig.axes) == 2 and len(fig.axes[0].lines) == tensors  # one line a tensor
+    names = [name for name, _, _ in trainer.model.named_parameters()]
+    groups = tensor_groups(names)  # by layer: each block, and the rest
+    assert list(groups) == ["", "decoder.blocks.0"] and sum(map(len, groups.values())) == \
+        len(names)
+    assert len(fig.axes) == 2 * len(groups)
+    assert [len(ax.lines) for ax in fig.axes[::2]] == [len(g) for g in groups.values()]
+    legend = [t.get_text() for t in fig.axes[3].get_legend().get_texts()]
+    assert legend == [n.removeprefix("decoder.blocks.0.") for n in groups["decoder.blocks.0"]]
     with pytest.raises(ValueError, match="stats_every"):
         tensor_stats_plot([], tmp_path / "empty.png")
 

@@ -1,4 +1,6 @@
-"""Our character tokenizer as a ``tokenizers`` tokenizer that ``transformers`` loads, and back.
+"""Our tokenizers as ``tokenizers`` tokenizers that ``transformers`` loads, and back.
+
+A byte-level BPE (``bpe.py``) is one already, and is written as it is. For characters:
 
 ``transformers`` has no tokenizer class that reads a character vocabulary from a file, so the
 export writes a ``tokenizer.json`` of the ``tokenizers`` package: a word-level model whose
@@ -18,50 +20,58 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..bpe import BPETokenizer
 from ..data import CharTokenizer
 from ._require import require
 
 EACH_CHARACTER = r"(?m)."
 
 
-def save_tokenizer(directory: str | Path, tokenizer: CharTokenizer) -> None:
+def save_tokenizer(directory: str | Path, tokenizer: CharTokenizer | BPETokenizer) -> None:
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` for ``tokenizer`` in ``directory``.
 
     Parameters
     ----------
     directory : path of an existing directory
-    tokenizer : CharTokenizer
+    tokenizer : CharTokenizer or BPETokenizer
+        A BPE is written as it is: it is a ``tokenizers`` tokenizer already.
     """
     tokenizers = require("tokenizers", "the Hugging Face tokenizer export")
     transformers = require("transformers", "the Hugging Face tokenizer export")
-    vocab = {ch: i for i, ch in enumerate(tokenizer.chars)}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab,
-                                                           unk_token=tokenizer.replacement))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex(EACH_CHARACTER),
-                                                        behavior="isolated")
-    tok.decoder = tokenizers.decoders.Fuse()
+    if isinstance(tokenizer, BPETokenizer):
+        tok = tokenizer.backend
+    else:
+        vocab = {ch: i for i, ch in enumerate(tokenizer.chars)}
+        tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab,
+                                                               unk_token=tokenizer.replacement))
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex(EACH_CHARACTER),
+                                                            behavior="isolated")
+        tok.decoder = tokenizers.decoders.Fuse()
     transformers.PreTrainedTokenizerFast(  # no clean-up: " ," stays " ," as in the text
         tokenizer_object=tok, clean_up_tokenization_spaces=False).save_pretrained(str(directory))
 
 
-def load_tokenizer(directory: str | Path) -> CharTokenizer | None:
+def load_tokenizer(directory: str | Path) -> CharTokenizer | BPETokenizer | None:
     """Our tokenizer from a ``tokenizer.json`` written by :func:`save_tokenizer`.
 
     Returns
     -------
-    tokenizer : CharTokenizer or None
+    tokenizer : CharTokenizer, BPETokenizer or None
         None if the directory has no ``tokenizer.json``.
 
     Raises
     ------
     ValueError
-        If the vocabulary is not one character per id in the order of a ``CharTokenizer``
-        (sorted by code point, ids 0 .. V-1).
+        If it is neither a byte-level BPE nor a vocabulary of one character per id in the
+        order of a ``CharTokenizer`` (sorted by code point, ids 0 .. V-1).
     """
     path = Path(directory) / "tokenizer.json"
     if not path.is_file():
         return None
-    model = json.loads(path.read_text(encoding="utf-8")).get("model", {})
+    spec = path.read_text(encoding="utf-8")
+    model = json.loads(spec).get("model", {})
+    if model.get("type") == "BPE":
+        return BPETokenizer(spec)
     vocab = model.get("vocab")
     if model.get("type") != "WordLevel" or not isinstance(vocab, dict):
         raise ValueError(f"{path} is not a character vocabulary (a WordLevel model)")

@@ -41,6 +41,7 @@ import numpy as np
 
 from .. import interop
 from .. import nn as ours
+from ..bpe import tokenizer_from_dict
 from ..config import DEFAULT_BACKEND, LSTMConfig, TransformerConfig
 from ..data import CharTokenizer
 from ..memory import parameter_count
@@ -199,7 +200,7 @@ def load_safetensors(path: str | Path, backend: str | None = None) -> Exported:
         config = MODELS[meta["model"]](**{**fields, "dtype": dtype}).validate()
         tokenizer = None
         if "tokenizer" in meta:
-            tokenizer = CharTokenizer.from_dict(_json(path, meta, "tokenizer"))
+            tokenizer = tokenizer_from_dict(_json(path, meta, "tokenizer"))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: {e}") from None
     # the config is held to the file before anything is built: sizes from a header cost no

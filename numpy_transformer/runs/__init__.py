@@ -17,6 +17,9 @@ module imports only those above it in this list, never one below:
 ``state``
     :class:`~.state.Run`, a run in memory, built from options; :func:`~.state.read_run`, the
     one way a run folder or checkpoint (of any format version read) is read back
+``init_from``
+    the model a new run starts from (``train --init-from``): its weights, model options and
+    tokenizer
 ``sample``
     text from a trained language model (``numpy-transformer sample``)
 ``precompile``

@@ -2,9 +2,11 @@
 
 The text is cut into fixed windows of the model's context (``data.fixed_window_windows``):
 window k holds ``ids[k T : k T + T + 1]``, each starts from an empty history, and their
-targets cover every character after the first exactly once. The loss is the mean over those
-targets of ``-ln p(target)`` (nats per character), the perplexity ``exp(loss)`` and the bits
-per character ``loss / ln 2``.
+targets cover every token after the first exactly once. The loss is the mean over those
+targets of ``-ln p(target)`` (nats per token: per character, for a character model), the
+perplexity ``exp(loss)`` and the bits per token ``loss / ln 2``. For a BPE the bits per
+character are given too: the bits of all targets over the characters after the first, the
+number that compares a BPE with a character model.
 """
 
 from __future__ import annotations
@@ -24,27 +26,35 @@ class Evaluation(NamedTuple):
     """A language model's loss on a text (:func:`evaluate_run`)."""
 
     source: str  # what was evaluated: the file, or the run's held-out part
-    characters: int  # N, the text's length in characters (N - 1 targets)
+    tokens: int  # N, the text's length in tokens (N - 1 targets)
     windows: int  # fixed windows of the model's context T
     context: int  # T
-    loss: float  # nats per character
+    loss: float  # nats per token
+    characters: int | None = None  # the text's length in characters, where a token is a
+    #   BPE's (None: a token is a character)
 
     @property
     def perplexity(self) -> float:
         return math.exp(self.loss)
 
     @property
-    def bits_per_character(self) -> float:
+    def bits_per_token(self) -> float:
         return self.loss / math.log(2)
 
     def lines(self) -> list[str]:
-        """What the command prints: the window schedule, then the numbers."""
-        last = (self.characters - 1) % self.context or self.context
-        return [f"{self.source}: {self.characters:,} characters in {self.windows:,} fixed "
-                f"windows of {self.context} (each from an empty history; the last holds "
-                f"{last} targets)",
-                f"loss {self.loss:.4f} nats per character, perplexity {self.perplexity:.3f}, "
-                f"{self.bits_per_character:.4f} bits per character"]
+        """What the command prints: the window schedule, then the numbers; for a BPE, also
+        the bits per character (the loss of every target, spread over the characters)."""
+        last = (self.tokens - 1) % self.context or self.context
+        unit = "character" if self.characters is None else "token"
+        lines = [f"{self.source}: {self.tokens:,} {unit}s in {self.windows:,} fixed windows of "
+                 f"{self.context} (each from an empty history; the last holds {last} targets)",
+                 f"loss {self.loss:.4f} nats per {unit}, perplexity {self.perplexity:.3f}, "
+                 f"{self.bits_per_token:.4f} bits per {unit}"]
+        if self.characters is not None:
+            per_character = self.bits_per_token * (self.tokens - 1) / (self.characters - 1)
+            lines.append(f"{self.characters:,} characters: {per_character:.4f} bits per "
+                         f"character")
+        return lines
 
 
 def evaluate_run(target: str | Path, text_file: str | Path | None = None) -> Evaluation:
@@ -66,16 +76,19 @@ def evaluate_run(target: str | Path, text_file: str | Path | None = None) -> Eva
     if text_file is None:
         source = f"the held-out 10% of {run.options['text'] or 'the embedded corpus'}"
         ids = train_val_split(run.tokenizer.encode(training_text(run.options)), 0.9)[1]
+        text = run.tokenizer.decode(ids)
     else:
         source = str(text_file)
         try:
-            ids = run.tokenizer.encode(load_text(text_file))
+            text = load_text(text_file)
+            ids = run.tokenizer.encode(text)
         except ValueError as e:  # load_text's name the file already
             raise UsageError(str(e) if source in str(e) else f"{source}: {e}") from None
     if len(ids) < 2:
-        raise UsageError(f"{source}: {len(ids)} character(s); the loss needs at least 2")
+        raise UsageError(f"{source}: {len(ids)} token(s); the loss needs at least 2")
     context = run.config.max_len
     with np.errstate(over="ignore"):
         loss = fixed_window_loss(run.model.forward, ids, context, batch=LM_EVAL_BATCH)
+    characters = None if run.options["tokenizer"] == "char" else len(text)
     return Evaluation(source, len(ids), len(fixed_window_windows(ids, context)), context,
-                      float(loss))
+                      float(loss), characters)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..train import NonFiniteError, ProgressBar
+from ..files import atomic_write_text
+from ..train import NonFiniteError, ProgressBar, StepRecord, Trainer
 from .folder import (
     checkpoint_path,
     cut_log,
@@ -31,11 +32,13 @@ from .folder import (
     new_run_folder,
     write_description,
 )
+from .init_from import Source
 from .outputs import (
     EXIT_DIVERGED,
     EXIT_IO,
     EXIT_OK,
     EXIT_ON_SIGNAL,
+    TOKENIZER,
     UsageError,
     describe_os_error,
     say,
@@ -46,21 +49,30 @@ from .state import Run, read_run, rebuild_run
 
 
 def start_run(config_fields: dict, options: dict, out: str | None, force: bool,
-              progress: bool = True) -> int:
-    """Build a new run, prepare its folder and train it; returns the exit code."""
+              progress: bool = True, source: Source | None = None) -> int:
+    """Build a new run (from ``source``'s weights and tokenizer, for ``--init-from``),
+    prepare its folder and train it; returns the exit code."""
     try:
-        run = Run(config_fields, options)
+        run = Run(config_fields, options) if source is None else source.new_run(config_fields,
+                                                                                 options)
     except ValueError as e:  # load_text and friends name the problem
         raise UsageError(str(e)) from None
     with new_run_folder(out, run.description(), force) as held:
         run_dir = held.folder
         say(f"run folder {run_dir}")
         say(run.summary())
+        if run.started_from:
+            start = run.started_from
+            say(f"starting from {start['path']}" + ("" if start["step"] is None else
+                f" (step {start['step']})") + f", weights sha256 {start['weights_sha256'][:16]}")
         if run.tokenizer is not None:
             source = options["text"] or "the embedded corpus"
-            say(f"data: {source}, {len(run.train_ids) + len(run.val_ids):,} characters, "
+            unit = "characters" if options["tokenizer"] == "char" else "BPE tokens"
+            say(f"data: {source}, {len(run.train_ids) + len(run.val_ids):,} {unit}, "
                 f"vocabulary {run.tokenizer.vocab_size}; {options['steps']} steps of "
                 f"{options['batch']} windows")
+        if options["tokenizer"] == "bpe":
+            atomic_write_text(run_dir / TOKENIZER, run.tokenizer.to_dict()["bpe"])
         run.save(checkpoint_path(run_dir))  # step 0: a run folder always holds a checkpoint
         return train(run, run_dir, progress)
 
@@ -156,9 +168,7 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
             with open(log_path(run_dir), "a", encoding="utf-8") as log:
                 while trainer.step_count < steps and stop.signum is None and not best.stop:
                     r = trainer.step(run.batch(trainer.step_count))
-                    _log(log, {"step": r.step, "loss": r.loss, "lr": r.lr,
-                               "grad_norm": r.grad_norm, "tokens_per_s": r.tokens_per_s,
-                               "time": round(time.time(), 3)})
+                    _log_step(log, r, trainer)
                     if bar:
                         bar.update(r)
                     if o["eval_every"] and r.step % o["eval_every"] == 0 and r.step < steps:
@@ -193,6 +203,16 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
                   file=sys.stderr, flush=True)
             return EXIT_ON_SIGNAL[stop.signum]
     return write_report(run, run_dir)
+
+
+def _log_step(log, r: StepRecord, trainer: Trainer) -> None:
+    """A step's line of ``log.jsonl``, then its tensor statistics' if it kept them
+    (``--stats-every``: moved from the trainer to the log, which a resume cuts and goes on)."""
+    _log(log, {"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
+               "tokens_per_s": r.tokens_per_s, "time": round(time.time(), 3)})
+    if trainer.tensor_stats:
+        tensors = {k: v for k, v in trainer.tensor_stats.pop().items() if k != "step"}
+        _log(log, {"step": r.step, "tensor_stats": tensors})
 
 
 def _log(log, record: dict) -> None:

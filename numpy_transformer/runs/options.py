@@ -23,9 +23,11 @@ from typing import NamedTuple
 from ..config import (
     ACTIVATIONS,
     BACKENDS,
+    BPE_MIN_VOCAB,
     DTYPES,
     NORMS,
     POSITIONS,
+    TOKENIZERS,
     LSTMConfig,
     TransformerConfig,
 )
@@ -74,6 +76,8 @@ POSITIVE = Rule(float, lambda v: 0 < v < math.inf, "a positive number")
 NONNEG = Rule(float, lambda v: 0 <= v < math.inf, "a number >= 0")
 RATE = Rule(float, lambda v: 0 <= v < 1, "a probability in [0, 1)")
 SHARE = Rule(float, lambda v: 0 < v <= 1, "a probability in (0, 1]")
+BPE_VOCAB = Rule(int, lambda v: v >= BPE_MIN_VOCAB,
+                 f"an integer >= {BPE_MIN_VOCAB} (the 256 bytes and a merge)")
 LENGTH = Rule(int, lambda v: 0 < v <= MAX_SAMPLE_LENGTH,
               f"an integer from 1 to {MAX_SAMPLE_LENGTH:,}")
 
@@ -137,6 +141,16 @@ OPTIONS = (
            "(EncoderDecoder)", choices=TASKS, default=DEFAULT_TASK),
     Option("text", DATA, "UTF-8 text to train the LM on", metavar="FILE", default=None,
            shown={None: "the embedded corpus: this library's own source"}),
+    Option("init_from", DATA, "start from the weights, model options and tokenizer of a run "
+           "folder (its checkpoint.npz), a checkpoint .npz or an exported folder (safetensors "
+           "or Hugging Face): a new run from step 0, with fresh optimiser state", metavar="SOURCE",
+           default=None, shown={None: "random weights from --seed"},
+           since=(5, None)),  # runs written before it started from their seed
+    Option("tokenizer", DATA, "char: a token per character; bpe: a byte-level BPE learned on "
+           "the text (needs the tokenizers package of the hf extra)", choices=TOKENIZERS,
+           default=TOKENIZERS[0], since=(5, TOKENIZERS[0])),  # before it: characters
+    Option("vocab_size", DATA, "the BPE's vocabulary size, --tokenizer bpe only",
+           rule=BPE_VOCAB, default=None, metavar="N", shown={None: "none"}, since=(5, None)),
     Option("model", MODEL, "the language model: a Transformer (DecoderLM) or an LSTM "
            "(LSTMLM); --task lm only", choices=MODELS, default=DEFAULT_MODEL,
            since=(2, DEFAULT_MODEL)),  # runs written before --model trained a Transformer
@@ -206,6 +220,9 @@ OPTIONS = (
     Option("early_stop", TRAINING, "stop once K held-out evaluations in a row found no new "
            "best (best.npz keeps the best), 0 = never", rule=NONNEG_INT, default=0,
            metavar="K", since=(3, 0)),  # runs written before it never stopped early
+    Option("stats_every", TRAINING, "every N steps, each tensor's gradient norm and update-"
+           "to-weight ratio into log.jsonl and stats.png, 0 = never", rule=NONNEG_INT,
+           default=0, since=(5, 0)),  # runs written before it kept none
     Option("save_every", TRAINING, "checkpoint every N steps, 0 = only at the end",
            rule=NONNEG_INT, default=100),
     Option("out", FOLDER, f"where the run goes [{default_run_folder('lm')}, "
@@ -315,8 +332,9 @@ def resolve_options(task: str | None, given: dict) -> tuple[dict, dict]:
     config = {k: values[k] for k in MODEL_KEYS[model]}
     train = {k: values[k] for k in TRAIN_KEYS}
     check_together(config, train)
-    if train["text"] is not None:
-        train["text"] = os.path.abspath(train["text"])  # resume works from any folder
+    for key in ("text", "init_from"):  # resume works from any folder
+        if train[key] is not None:
+            train[key] = os.path.abspath(train[key])
     return config, train
 
 
@@ -396,8 +414,11 @@ def check_together(config: dict, train: dict) -> None:
     UsageError
     """
     task = train["task"]
-    if task != "lm" and train["text"] is not None:
-        raise UsageError(f"--text is for --task lm; the {task} task makes its own data")
+    for key in ("text", "init_from", "vocab_size"):
+        if task != "lm" and train[key] is not None:
+            raise UsageError(f"{flag(key)} is for --task lm; the {task} task makes its own data")
+    if (train["tokenizer"] == "bpe") != (train["vocab_size"] is not None):
+        raise UsageError("--tokenizer bpe takes its size from --vocab-size N, and only it does")
     if train["schedule"] == "cosine" and train["warmup"] >= train["steps"]:
         raise UsageError(f"--warmup {train['warmup']} must be smaller than --steps "
                          f"{train['steps']} for the cosine schedule")

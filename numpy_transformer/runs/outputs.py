@@ -108,29 +108,38 @@ def signals_held() -> Iterator[None]:
 RUN_FILES = {  # every file a run writes into its folder, in the order it first writes them
     "config.json": "the format version, the model config and the training options (written "
                    "first)",
+    "tokenizer.json": "the byte-level BPE, in the tokenizers package's format (the checkpoint "
+                      "holds it too)",
     "checkpoint.npz": "weights, Adam moments, step, every RNG state (see checkpoint.py)",
     "log.jsonl": 'one JSON line per step {"step", "loss", "lr", "grad_norm", "tokens_per_s", '
-                 '"time" (Unix seconds)} '
-                 'and per evaluation {"step", "val_loss", ["val_acc"], ["final"]}',
+                 '"time" (Unix seconds)}, per evaluation {"step", "val_loss", ["val_acc"], '
+                 '["final"]} and every --stats-every N steps {"step", "tensor_stats": {name: '
+                 '{"grad_norm", "update_ratio"}}}',
     "best.npz": "the checkpoint of the lowest held-out loss so far (its meta holds the loss); "
                 "sample, eval and export take it with --best",
-    "loss.png": "training loss (and held-out loss) against step",
+    "loss.png": "training and held-out loss, learning rate, gradient norm and clipping "
+                "threshold against step",
+    "stats.png": "each tensor's gradient norm and update-to-weight ratio, by layer",
     "attention.png": "last layer's attention weights on a held-out snippet, one panel per head",
     "sample.txt": "a sample from the final model",
 }
-CONFIG, CHECKPOINT, LOG, BEST, LOSS_PLOT, ATTENTION_PLOT, SAMPLE = RUN_FILES  # their names
-REPORT_FILES = (LOSS_PLOT, ATTENTION_PLOT, SAMPLE)  # written after the last step (report.py)
+CONFIG, TOKENIZER, CHECKPOINT, LOG, BEST, LOSS_PLOT, STATS_PLOT, ATTENTION_PLOT, SAMPLE = \
+    RUN_FILES  # their names
+REPORT_FILES = (LOSS_PLOT, STATS_PLOT, ATTENTION_PLOT, SAMPLE)  # after the last step (report.py)
 # The files only some runs write: (option, the value of it that writes the file, who that is).
 # An LSTM has no attention map; a synthetic task has no text to sample.
-WRITTEN_ONLY_BY = {ATTENTION_PLOT: ("model", "transformer", "Transformers"),
+WRITTEN_ONLY_BY = {TOKENIZER: ("tokenizer", "bpe", "--tokenizer bpe"),
+                   STATS_PLOT: ("stats_every", "N", "--stats-every N"),
+                   ATTENTION_PLOT: ("model", "transformer", "Transformers"),
                    SAMPLE: ("task", "lm", "language models")}
 
 
 def files_of(task: str, model: str, names: tuple[str, ...] = tuple(RUN_FILES)) -> tuple[str, ...]:
-    """Those of ``names`` that a run of ``task`` and ``model`` writes (``WRITTEN_ONLY_BY``)."""
+    """Those of ``names`` that a run of ``task`` and ``model`` writes (``WRITTEN_ONLY_BY``;
+    the files of other options, tokenizer.json and stats.png, are left out)."""
     run = {"task": task, "model": model}
     return tuple(name for name in names if name not in WRITTEN_ONLY_BY
-                 or run[WRITTEN_ONLY_BY[name][0]] == WRITTEN_ONLY_BY[name][1])
+                 or run.get(WRITTEN_ONLY_BY[name][0]) == WRITTEN_ONLY_BY[name][1])
 
 
 # --------------------------------------------------------------------------------------------

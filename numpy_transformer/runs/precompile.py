@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import KERNELS_VARIABLE
+from ..bpe import tokenizer_from_dict
 from ..config import KERNEL_MODULES
 from ..generate import generate
 from ..memory import available_memory, training_bytes
@@ -155,7 +156,8 @@ def worker_env(group: tuple[str, ...]) -> dict:
 def worker_job(run: Run) -> dict:
     """What a worker needs to build the run again: its config fields and options (one step)."""
     fields = {k: getattr(run.config, k) for k in MODEL_KEYS[run.model_kind]}
-    return {"config": fields, "options": {**run.options, "steps": 1}}
+    return {"config": fields, "options": {**run.options, "steps": 1},
+            "tokenizer": run.tokenizer and run.tokenizer.to_dict()}
 
 
 def work_from_stdin() -> None:
@@ -176,7 +178,8 @@ def work(job: dict) -> None:
     from ..kernels._tiers import SERIAL, set_tier
 
     set_tier(SERIAL)
-    run = Run(job["config"], job["options"])
+    tokenizer = job["tokenizer"] and tokenizer_from_dict(job["tokenizer"])
+    run = Run(job["config"], job["options"], tokenizer=tokenizer or None)
     batch = run.batch(0)
     run.trainer.step(batch)
     run.model.eval()

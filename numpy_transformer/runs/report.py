@@ -13,7 +13,7 @@ import numpy as np
 
 from ..files import atomic_write_text
 from ..generate import generate
-from ..plots import attention_plot, loss_plot
+from ..plots import attention_plot, loss_plot, tensor_stats_plot
 from .folder import checkpoint_path, log_path, read_log
 from .outputs import (
     ATTENTION_PLOT,
@@ -25,6 +25,7 @@ from .outputs import (
     SAMPLE,
     SAMPLE_LENGTH,
     SAMPLE_TEMPERATURE,
+    STATS_PLOT,
     files_of,
     say,
 )
@@ -93,13 +94,20 @@ def _report(run: Run, run_dir: Path) -> int:
         log.write(json.dumps({"step": run.trainer.step_count, **result, "final": True}) + "\n")
     line = f"held-out loss {result['val_loss']:.4f}"
     if run.task == "lm":
+        unit = "character" if run.options["tokenizer"] == "char" else "BPE token"
         line += (f" (fixed windows of {run.config.max_len}; "
-                 f"{result['val_loss'] / math.log(2):.3f} bits per character)")
+                 f"{result['val_loss'] / math.log(2):.3f} bits per {unit})")
     if "val_acc" in result:
         line += f", accuracy {result['val_acc']:.3f}"
     say(line)
     files = files_of(run.task, run.model_kind)
-    loss_plot(read_log(run_dir), run_dir / LOSS_PLOT)  # matplotlib is imported only now
+    log = read_log(run_dir)
+    loss_plot(log, run_dir / LOSS_PLOT,  # matplotlib is imported only now
+              clip=run.options["clip"] or None)
+    stats = [{"step": r["step"], **r["tensor_stats"]} for r in log if "tensor_stats" in r]
+    if stats:
+        tensor_stats_plot(stats, run_dir / STATS_PLOT)
+        files += (STATS_PLOT,)
     if ATTENTION_PLOT in files:
         attention_plot(run, run_dir / ATTENTION_PLOT)
     if SAMPLE in files:

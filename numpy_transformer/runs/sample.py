@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..bpe import BPETokenizer
 from ..data import CharTokenizer
 from ..generate import generate
 from ..nn import LSTMLM, DecoderLM
@@ -17,10 +18,9 @@ from .outputs import SAMPLE_PROMPT, UsageError
 from .state import model_from_checkpoint
 
 
-def default_prompt(tokenizer: CharTokenizer) -> str:
-    """``"def "`` when the vocabulary has it (the corpus is Python), else its first character."""
-    return SAMPLE_PROMPT if all(ch in tokenizer.chars for ch in SAMPLE_PROMPT) \
-        else tokenizer.chars[0]
+def default_prompt(tokenizer: CharTokenizer | BPETokenizer) -> str:
+    """``"def "`` when the vocabulary has it (the corpus is Python), else its first token."""
+    return tokenizer.decode([0]) if tokenizer.missing(SAMPLE_PROMPT) else SAMPLE_PROMPT
 
 
 def sample_checkpoint(target: str | Path, prompt: str | None, length: int, seed: int,
@@ -45,7 +45,7 @@ def sample_checkpoint(target: str | Path, prompt: str | None, length: int, seed:
     notes: list[str] = []  # what reading a run of an older format filled in (said below)
     model, tokenizer, _ = model_from_checkpoint(target, note=notes.append)
     if tokenizer is None or not isinstance(model, (DecoderLM, LSTMLM)):
-        raise UsageError(f"{path}: sample needs a character language model (a --task lm run)")
+        raise UsageError(f"{path}: sample needs a language model (a --task lm run)")
     prompt = default_prompt(tokenizer) if prompt is None else prompt
     if not prompt:
         raise UsageError("--prompt is empty; give at least one character")

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..bpe import BPETokenizer, tokenizer_from_dict
 from ..checkpoint import (
     FORMAT_VERSION,
     Checkpoint,
@@ -78,19 +79,39 @@ class Run:
     options : dict
         Training options, including ``task`` and ``model``
         (:func:`~.options.resolve_options`).
+    tokenizer : CharTokenizer or BPETokenizer, optional
+        The LM's tokenizer, where it is not made from its text: that of the model it started
+        from (``--init-from``), or the one its checkpoint holds (made once: a BPE's).
+    started_from : dict, optional
+        What ``config.json`` records of the model it started from (``runs/init_from.py``).
+
+    Raises
+    ------
+    UsageError
+        If the text has characters outside the given tokenizer (they are named), or the run
+        does not fit.
     """
 
-    def __init__(self, config_fields: dict, options: dict) -> None:
+    def __init__(self, config_fields: dict, options: dict,
+                 tokenizer: CharTokenizer | BPETokenizer | None = None,
+                 started_from: dict | None = None) -> None:
         self.options = options
         self.task = options["task"]
         self.model_kind = options["model"]  # "transformer" or "lstm" (--model)
+        self.started_from = started_from
         seed = options["seed"]
-        self.tokenizer: CharTokenizer | None = None
+        self.tokenizer: CharTokenizer | BPETokenizer | None = None
         self.length = config_fields["max_len"]  # T: LM window; task sequence length
         extra: dict = {}
         if self.task == "lm":
             text = training_text(options)
-            self.tokenizer = CharTokenizer(text)
+            self.tokenizer = tokenizer or new_tokenizer(text, options)
+            missing = self.tokenizer.missing(text)
+            if missing:
+                shown = "".join(missing[:20]) + ("..." if len(missing) > 20 else "")
+                raise UsageError(f"{options['text'] or 'the embedded corpus'} has {len(missing)} "
+                                 f"character(s) outside the tokenizer's vocabulary of "
+                                 f"{self.tokenizer.vocab_size}: {shown!r}")
             ids = self.tokenizer.encode(text)
             if len(ids) < 20:
                 raise UsageError(f"the text has {len(ids)} characters; a language model needs "
@@ -125,7 +146,7 @@ class Run:
         self.optimizer = opt_class(lr=options["lr"], weight_decay=options["weight_decay"],
                                    backend=self.config.backend)
         self.trainer = Trainer(self.model, self.optimizer, self.lr_schedule(),
-                               clip=options["clip"] or None)
+                               clip=options["clip"] or None, stats_every=options["stats_every"])
         self.sample_rng = np.random.default_rng([seed, 3])
 
     # ---------------------------------------------------------------- pieces
@@ -240,13 +261,16 @@ class Run:
                 f"{c.dtype}, {c.backend} attention")
 
     def meta(self, finished: bool, **more) -> dict:
+        started = {"started_from": self.started_from} if self.started_from else {}
         return {"finished": finished, "model": type(self.model).__name__,
-                "data_fingerprint": self.data_fingerprint, **more}
+                "data_fingerprint": self.data_fingerprint, **started, **more}
 
     def description(self) -> dict:
-        """What config.json holds; two runs with equal config and options are the same run."""
+        """What config.json holds; two runs with equal config and options are the same run.
+        A run that started from another model's weights also says which ones."""
+        started = {"started_from": self.started_from} if self.started_from else {}
         return {"format_version": FORMAT_VERSION, "config": dataclasses.asdict(self.config),
-                "options": self.options}
+                "options": self.options, **started}
 
     # ---------------------------------------------------------------- checkpoints
     def save(self, path: Path, finished: bool = False, **meta) -> None:
@@ -293,6 +317,22 @@ class Run:
 def _option_label(key: str, value: int) -> str:
     """How a memory refusal names a size: by its flag (the vocabulary comes from the data)."""
     return f"a vocabulary of {value} characters" if key == "vocab" else f"{flag(key)} {value}"
+
+
+def new_tokenizer(text: str, options: dict) -> CharTokenizer | BPETokenizer:
+    """The tokenizer of a new LM run: the characters of its text, or a BPE learned on it.
+
+    Raises
+    ------
+    UsageError
+        For ``--tokenizer bpe`` without the ``tokenizers`` package (one line: what to install).
+    """
+    if options["tokenizer"] == "char":
+        return CharTokenizer(text)
+    try:
+        return BPETokenizer.train(text, options["vocab_size"])
+    except ImportError as e:
+        raise UsageError(f"--tokenizer bpe: {e}") from None
 
 
 def training_text(options: dict) -> str:
@@ -377,8 +417,15 @@ def rebuild_run(stored: StoredRun) -> Run:
     """
     source, ckpt = stored.source, stored.checkpoint
     fields = {k: stored.config[k] for k in MODEL_KEYS[stored.options["model"]]}
+    started = stored.options.get("init_from")
+    if started and ckpt is None:
+        raise CheckpointError(f"{source}: a run started from {started}, stopped before its "
+                              f"first checkpoint; start it again with --force")
     try:
-        run = Run(fields, dict(stored.options))
+        own = (started or stored.options["tokenizer"] != "char") and tokenizer_from_dict(
+            ckpt.tokenizer)  # the source's, or a BPE's: the checkpoint's, not made again
+        run = Run(fields, dict(stored.options), tokenizer=own or None,
+                  started_from=ckpt and ckpt.meta.get("started_from"))
     except (ValueError, TypeError, KeyError) as e:  # e.g. the --text file is gone
         raise CheckpointError(f"{source}: cannot rebuild the run: {e}") from None
     if ckpt is not None:
@@ -426,8 +473,8 @@ def model_from_checkpoint(target: str | Path, note: Callable[[str], None] = say)
     tokenizer = None
     if stored.checkpoint.tokenizer is not None:
         try:
-            tokenizer = CharTokenizer.from_dict(stored.checkpoint.tokenizer)
-        except ValueError as e:
+            tokenizer = tokenizer_from_dict(stored.checkpoint.tokenizer)
+        except (ImportError, ValueError) as e:
             raise CheckpointError(f"{path}: bad tokenizer: {e}") from None
     return model, tokenizer, stored.checkpoint
 
@@ -436,7 +483,7 @@ class LoadedRun(NamedTuple):
     """A trained run, ready to use from Python (:func:`load_run`)."""
 
     model: object  # DecoderLM, EncoderClassifier, EncoderDecoder or LSTMLM, in eval mode
-    tokenizer: CharTokenizer | None  # None for the synthetic tasks (their ids are digits)
+    tokenizer: CharTokenizer | BPETokenizer | None  # None for the synthetic tasks (digits)
     config: object  # the model's TransformerConfig or LSTMConfig
     options: dict  # the training options it was trained with (task, steps, lr, ...)
     step: int  # the updates it had made when its checkpoint was written

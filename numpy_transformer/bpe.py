@@ -1,0 +1,155 @@
+"""A byte-level BPE tokenizer (``train --tokenizer bpe``), and the one reader of a run's
+tokenizer of either kind.
+
+The tokenizer is GPT-2's scheme, trained with the ``tokenizers`` package (the ``hf`` extra):
+the text is cut into words and the spaces before them (``pre_tokenizers.ByteLevel``), each
+word is UTF-8 bytes written as 256 printable stand-ins, and the trainer merges the most
+frequent adjacent pair of symbols until the vocabulary has ``vocab_size`` entries (the 256
+bytes first, so every text can be encoded: nothing is unknown). Decoding joins the bytes and
+reads them as UTF-8; ids that stop inside a character give U+FFFD there.
+
+:class:`BPETokenizer` has the interface of :class:`~numpy_transformer.data.CharTokenizer` the
+runs use (``vocab_size``, ``encode``, ``decode``, ``missing``, ``to_dict``), so a run, its
+checkpoint, ``sample``, ``eval`` and the exports take either; :func:`tokenizer_from_dict`
+reads back what ``to_dict`` wrote.
+
+References
+----------
+Sennrich, Haddow & Birch, "Neural Machine Translation of Rare Words with Subword Units", 2016.
+Radford et al., "Language Models are Unsupervised Multitask Learners" (GPT-2), 2019.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import ModuleType
+
+import numpy as np
+
+from ._checks import check_ids
+from .config import BPE_MIN_VOCAB
+from .data import CharTokenizer
+
+__all__ = ["BPETokenizer", "tokenizer_from_dict"]
+
+
+def _tokenizers() -> ModuleType:
+    """The ``tokenizers`` package, or a one-line ``ImportError`` saying what to install."""
+    from .export._require import require  # here: export's tokenizer module imports this one
+
+    return require("tokenizers", "the BPE tokenizer")
+
+
+class BPETokenizer:
+    """Byte-level BPE: a ``tokenizers.Tokenizer`` with the interface of ``CharTokenizer``.
+
+    Parameters
+    ----------
+    spec : str
+        The tokenizer as ``tokenizers`` serialises it (the text of a ``tokenizer.json``):
+        what :meth:`train` made, or :meth:`to_dict` stored.
+
+    Raises
+    ------
+    ValueError
+        If ``spec`` is not a byte-level BPE tokenizer.
+    ImportError
+        Without the ``tokenizers`` package (one line: what to install).
+    """
+
+    def __init__(self, spec: str) -> None:
+        tokenizers = _tokenizers()
+        try:
+            self.backend = tokenizers.Tokenizer.from_str(spec)
+        except Exception as e:  # the package's own error for a malformed spec
+            raise ValueError(f"not a tokenizers tokenizer ({type(e).__name__}: {e})") from None
+        model = type(self.backend.model).__name__
+        if model != "BPE" or type(self.backend.pre_tokenizer).__name__ != "ByteLevel":
+            raise ValueError(f"a BPE tokenizer is byte-level BPE, this one is a {model} model")
+
+    @classmethod
+    def train(cls, text: str, vocab_size: int) -> BPETokenizer:
+        """The byte-level BPE of ``vocab_size`` entries (fewer if the text runs out of pairs
+        to merge) learned on ``text``.
+
+        Raises
+        ------
+        ValueError
+            If ``vocab_size`` < ``config.BPE_MIN_VOCAB`` or ``text`` is empty.
+        """
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) \
+                or vocab_size < BPE_MIN_VOCAB:
+            raise ValueError(f"vocab_size must be an integer >= {BPE_MIN_VOCAB} (the 256 bytes and "
+                             f"a merge), got {vocab_size!r}")
+        if not isinstance(text, str) or not text:
+            raise ValueError("a BPE tokenizer needs a non-empty text to learn its merges on")
+        tk = _tokenizers()
+        byte_level = tk.pre_tokenizers.ByteLevel
+        tok = tk.Tokenizer(tk.models.BPE())
+        tok.pre_tokenizer = byte_level(add_prefix_space=False)
+        tok.decoder = tk.decoders.ByteLevel()
+        trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                         initial_alphabet=byte_level.alphabet(),
+                                         special_tokens=[])
+        tok.train_from_iterator([text], trainer)
+        return cls(tok.to_str())
+
+    @property
+    def vocab_size(self) -> int:
+        """Entries of the vocabulary, V: the 256 bytes and the merges."""
+        return self.backend.get_vocab_size()
+
+    def __repr__(self) -> str:
+        return f"BPETokenizer(vocab_size={self.vocab_size})"
+
+    def encode(self, text: str) -> np.ndarray:
+        """The ids of ``text``: ndarray of int64, shape (N,). Every text can be encoded."""
+        if not isinstance(text, str):
+            raise ValueError(f"encode takes a str, got {type(text).__name__}")
+        return np.asarray(self.backend.encode(text).ids, dtype=np.int64)
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        """The text of a 1-D sequence of ids (U+FFFD where they cut a character's bytes).
+
+        Raises
+        ------
+        ValueError
+            If an id is not an integer in ``[0, vocab_size)`` or ``ids`` is not 1-D.
+        """
+        ids = np.asarray(ids)
+        if ids.size == 0:
+            return ""
+        ids = check_ids("ids", ids, self.vocab_size)
+        if ids.ndim != 1:
+            raise ValueError(f"decode takes a 1-D sequence of ids, got shape {ids.shape}")
+        return self.backend.decode(ids.tolist())
+
+    def missing(self, text: str) -> list[str]:
+        """The characters of ``text`` it cannot encode: none, as every byte is a token."""
+        return []
+
+    def to_dict(self) -> dict:
+        """A JSON-able description: ``{"bpe": the tokenizer.json text, "vocab_size": V}``."""
+        return {"bpe": self.backend.to_str(), "vocab_size": self.vocab_size}
+
+
+def tokenizer_from_dict(d: Mapping) -> CharTokenizer | BPETokenizer:
+    """The tokenizer a ``to_dict`` of either kind describes.
+
+    Raises
+    ------
+    ValueError
+        If ``d`` describes neither, or its ``vocab_size`` is not its tokenizer's.
+    ImportError
+        For a BPE tokenizer without the ``tokenizers`` package.
+    """
+    if not isinstance(d, Mapping) or set(d) != {"bpe", "vocab_size"}:
+        return CharTokenizer.from_dict(d)
+    if not isinstance(d["bpe"], str):
+        raise ValueError(f"a BPE tokenizer dict holds its tokenizer.json text, got "
+                         f"{type(d['bpe']).__name__}")
+    tokenizer = BPETokenizer(d["bpe"])
+    if tokenizer.vocab_size != d["vocab_size"]:
+        raise ValueError(f"the BPE tokenizer has {tokenizer.vocab_size} entries, its dict says "
+                         f"{d['vocab_size']!r}")
+    return tokenizer
