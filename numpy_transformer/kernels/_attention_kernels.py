@@ -367,6 +367,47 @@ def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, b
 # Backward
 # ---------------------------------------------------------------------------------------------
 
+@njit(**_JIT)
+def _backward_scratch(n_threads, t_k, d, dtype):
+    # The backward's scratch, one row per thread (see the forward): p, ds (BLOCK_Q * T_k);
+    # q * scale and dout, each also transposed; dq / scale; the chunk's dk and dv sums; lse
+    # (two parts) and delta of a block's rows
+    return (np.empty((n_threads, _BLOCK_Q * t_k), dtype),
+            np.empty((n_threads, _BLOCK_Q * t_k), dtype),
+            np.empty((n_threads, 2, _BLOCK_Q * d), dtype),
+            np.empty((n_threads, 2, _BLOCK_Q * d), dtype),
+            np.empty((n_threads, _BLOCK_Q * d), dtype),
+            np.empty((n_threads, 2, t_k * d), dtype),
+            np.empty((n_threads, 3, _BLOCK_Q), dtype))
+
+
+@njit(**_JIT)
+def _store_key_sums(dk_acc, dv_acc, t_k, d, dk, dv):
+    # dk, dv (T_k, D), any strides = a chunk's flat sums (not a slice assignment: its shape
+    # check compiles for ~2 s)
+    one = dk_acc.dtype.type(1)
+    _copy_rows(dk_acc.reshape((t_k, d)), t_k, one, dk)
+    _copy_rows(dv_acc.reshape((t_k, d)), t_k, one, dv)
+
+
+@njit(**_JIT)
+def _row_terms(lse, do_blk, out, n, lse_hi, lse_lo, delta):
+    # The backward's per-row numbers of a query block of n rows. lse = lse_hi + lse_lo, two
+    # numbers of the scores' dtype (in float32 the pair keeps the float64 lse's precision); 0
+    # for a fully masked row, whose scores are all hidden or -inf, so that p = exp(-inf) = 0
+    # there instead of nan. (4) delta_i = sum_j dp_ij p_ij = sum_d dout_id out_id.
+    for r in range(n):
+        row_lse = lse[r]
+        if row_lse == -np.inf:
+            row_lse = 0.0
+        lse_hi[r] = row_lse
+        lse_lo[r] = row_lse - lse_hi[r]
+        total = 0.0
+        for col in range(do_blk.shape[1]):
+            total += do_blk[r, col] * out[r, col]
+        delta[r] = total
+
+
 @tiered(_JIT)
 def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, mstr,
                           has_mask, bias, bstr, has_bias, n_threads, n_chunks, fn,
@@ -377,26 +418,18 @@ def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, 
     # -> dq: (B, H, T_q, D), dk, dv: (B, H, T_k, D), any strides. With n_chunks > 1 a head's
     # query blocks are shared out: chunk c leaves its sums in dk_part, dv_part[b, h, c]
     # (T_k, D) for the caller to add; with n_chunks == 1 dk_part, dv_part are unused.
-    n_b, heads, t_q, d = q.shape
-    t_k = k.shape[2]
+    (n_b, heads, t_q, d), t_k = q.shape, k.shape[2]
     n_blk = (t_q + _BLOCK_Q - 1) // _BLOCK_Q
-    # scratch, one row per thread (see the forward)
-    p_scratch = np.empty((n_threads, _BLOCK_Q * t_k), q.dtype)
-    ds_scratch = np.empty((n_threads, _BLOCK_Q * t_k), q.dtype)
-    qs_scratch = np.empty((n_threads, 2, _BLOCK_Q * d), q.dtype)  # q * scale, and transposed
-    do_scratch = np.empty((n_threads, 2, _BLOCK_Q * d), q.dtype)  # dout, and transposed
-    dq_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)  # dq / scale
-    acc_scratch = np.empty((n_threads, 2, t_k * d), q.dtype)  # the chunk's dk and dv sums
-    row_scratch = np.empty((n_threads, 3, _BLOCK_Q), q.dtype)  # lse (two parts) and delta
+    p_scratch, ds_scratch, qs_scratch, do_scratch, dq_scratch, acc_scratch, row_scratch = \
+        _backward_scratch(n_threads, t_k, d, q.dtype)
     one = q.dtype.type(1)
     for item in prange(n_b * heads * n_chunks):
         b, c, h = item // (heads * n_chunks), (item // heads) % n_chunks, item % heads
         tid = numba.get_thread_id()
         k_all = _key_end(t_q - 1, b, t_q, t_k, causal, kv_len)  # keys any query may see
         ks, vs = k[b, h, :k_all], v[b, h, :k_all]  # (k_all, D)
+        acc_scratch[tid] = 0.0
         dk_acc, dv_acc = acc_scratch[tid, 0], acc_scratch[tid, 1]  # (t_k * D,) flat
-        dk_acc[:] = 0.0
-        dv_acc[:] = 0.0
         # chunk c takes blocks c, c + n_chunks, ...: under a causal mask each chunk then gets
         # a similar share of short (early) and long (late) rows
         for blk in range(c, n_blk, n_chunks):
@@ -411,20 +444,8 @@ def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, 
             qs_t = _gathered_t(q[b, h, i0:i1], n, scale, qs_scratch[tid, 1])  # (D, n)
             do_blk = _gathered(dout[b, h, i0:i1], n, one, do_scratch[tid, 0])  # (n, D)
             do_t = _gathered_t(dout[b, h, i0:i1], n, one, do_scratch[tid, 1])  # (D, n)
-            # lse = lse_hi + lse_lo, two numbers of the scores' dtype (in float32 the pair
-            # keeps the float64 lse's precision); 0 for a fully masked row, whose scores are
-            # all hidden or -inf, so that p = exp(-inf) = 0 there instead of nan
             lse_hi, lse_lo, delta = row_scratch[tid, 0], row_scratch[tid, 1], row_scratch[tid, 2]
-            for r in range(n):
-                row_lse = lse[b, h, i0 + r]
-                if row_lse == -np.inf:
-                    row_lse = 0.0
-                lse_hi[r] = row_lse
-                lse_lo[r] = row_lse - lse_hi[r]
-                total = 0.0  # (4) delta_i = sum_j dp_ij p_ij = sum_d dout_id out_id
-                for col in range(d):
-                    total += do_blk[r, col] * out[b, h, i0 + r, col]
-                delta[r] = total
+            _row_terms(lse[b, h, i0:i1], do_blk, out[b, h, i0:i1], n, lse_hi, lse_lo, delta)
             p_t = p_scratch[tid, :k_hi * n].reshape((k_hi, n))
             # (1) s^T = k (q * scale)^T, again  (k_hi, n)
             _scores_t(ks[:k_hi], qs_t, p_t, i0, n, t_q, t_k, causal, fn)
@@ -438,17 +459,13 @@ def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, 
             _keys_product(p_t, do_blk, dv_acc[:k_hi * d].reshape((k_hi, d)), i0, n, t_q, t_k,
                           causal, fn)
             # (3), (2) masking and the constant bias pass ds through unchanged
-            # (1) s = q k^T * scale  =>  dq = ds k * scale,  dk = ds^T q * scale
-            # qs holds q * scale
+            # (1) s = q k^T * scale  =>  dq = ds k * scale,  dk = ds^T q * scale (qs: q * scale)
             _keys_product(ds_t, qs, dk_acc[:k_hi * d].reshape((k_hi, d)), i0, n, t_q, t_k,
                           causal, fn)
             dq_blk = dq_scratch[tid, :n * d].reshape((n, d))
             _queries_product(ds_t, ks[:k_hi], dq_blk, i0, n, t_q, t_k, causal, fn)
             _copy_rows(dq_blk, n, scale, dq[b, h, i0:i1])
-        dk_sum, dv_sum = dk_acc.reshape((t_k, d)), dv_acc.reshape((t_k, d))
         if n_chunks == 1:
-            _copy_rows(dk_sum, t_k, one, dk[b, h])
-            _copy_rows(dv_sum, t_k, one, dv[b, h])
+            _store_key_sums(dk_acc, dv_acc, t_k, d, dk[b, h], dv[b, h])
         else:
-            _copy_rows(dk_sum, t_k, one, dk_part[b, h, c])  # (not a slice assignment: its
-            _copy_rows(dv_sum, t_k, one, dv_part[b, h, c])  # shape check compiles for ~2 s)
+            _store_key_sums(dk_acc, dv_acc, t_k, d, dk_part[b, h, c], dv_part[b, h, c])
