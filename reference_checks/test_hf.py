@@ -272,9 +272,9 @@ def test_the_round_trip_through_transformers_at_the_command_line(tmp_path, shape
     text = tmp_path / "text.txt"
     text.write_text(TEXT * 40, encoding="utf-8")
     run, hf_dir, tuned = tmp_path / "run", tmp_path / "hf", tmp_path / "tuned"
-    assert cli.main(["train", *CLI_FLAGS[shape], "--width", "16", "--heads", "2", "--layers",
-                     "1", "--ffn-width", "24", "--context", "16", "--batch", "4", "--steps",
-                     "3", "--text", str(text), "--out", str(run), "--quiet"]) == 0
+    assert cli.main(["train", "--width", "16", "--heads", "2", "--layers", "1", "--ffn-width",
+                     "24", "--context", "16", "--batch", "4", "--steps", "3", *CLI_FLAGS[shape],
+                     "--text", str(text), "--out", str(run), "--quiet"]) == 0
     assert cli.main(["export", str(run), "--format", "hf", "--out", str(hf_dir)]) == 0
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
     ids = torch.from_numpy(load_run(run).tokenizer.encode(TEXT[:16])[None])  # one window
@@ -290,6 +290,7 @@ def test_the_round_trip_through_transformers_at_the_command_line(tmp_path, shape
     assert cli.main(["import", str(tuned), "--out", str(tmp_path / "back"), "--text",
                      str(text)]) == 0, capsys.readouterr().err
     back = load_run(tmp_path / "back")
+    assert back.config.kv_heads == (2 if shape == "llama-gqa" else None)  # grouped-query back
     with torch.no_grad():
         theirs = hf_model.eval()(ids).logits.numpy()
     assert rel(back.model(ids.numpy()), theirs) <= 1e-5
