@@ -442,12 +442,15 @@ ANY_FLOAT = st.floats(allow_nan=True, allow_infinity=True).map(repr)
 # Integer options get small values (a run that trains stays tiny), huge ones (refused: they
 # cannot fit, or the text is too short for them) or junk; the rest may take any value.
 TRAIN_INTS = ("--width", "--heads", "--layers", "--ffn-width", "--context", "--batch",
-              "--steps")
+              "--steps", "--kv-heads")
 TRAIN_ANY = {"--seed": st.integers(0, 10 ** 30).map(str),
              "--warmup": st.integers(0, 10 ** 30).map(str),
              "--eval-every": st.integers(0, 10 ** 30).map(str),
              "--save-every": st.integers(0, 10 ** 30).map(str),
              "--early-stop": st.integers(0, 10 ** 30).map(str),
+             "--stats-every": st.integers(0, 10 ** 30).map(str),
+             "--vocab-size": st.integers(0, 10 ** 30).map(str),
+             "--norm-eps": ANY_FLOAT,
              "--lr": ANY_FLOAT, "--weight-decay": ANY_FLOAT, "--clip": ANY_FLOAT,
              "--dropout": ANY_FLOAT}
 SAMPLE_OPTIONS = {"--length": st.one_of(SMALL_INT, HUGE_INT), "--temperature": ANY_FLOAT,
