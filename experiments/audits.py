@@ -30,6 +30,7 @@ from numpy_transformer.functional.norms import layer_norm_forward
 from numpy_transformer.functional.positional import rope_forward, rope_tables, sinusoidal_table
 from numpy_transformer.nn import EncoderClassifier, TransformerConfig
 from numpy_transformer.nn.attention import MultiHeadAttention
+from numpy_transformer.plots import show_mask
 
 SEED = 6050
 plt = common.plt
@@ -183,8 +184,7 @@ def audit_causal() -> dict:
 
     fig, axes = plt.subplots(1, 5, figsize=(16, 3.4),
                              gridspec_kw={"width_ratios": [1, 1, 1, 1, 1]})
-    axes[0].imshow(mask, cmap="Greys")
-    axes[0].set_title("causal mask (True = may attend)", fontsize=9)
+    show_mask(axes[0], mask, "causal mask")
     for h in range(4):
         ax = axes[h + 1]
         common.plot_attention(ax, w[h], vmax=None, title=f"untrained head {h}")

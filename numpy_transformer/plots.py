@@ -151,48 +151,88 @@ def tensor_stats_plot(stats: list[dict], path: Path) -> None:
     _save(tensor_stats_figure(stats), path)
 
 
+def show_mask(ax, mask: np.ndarray, title: str | None = None) -> None:
+    """Draw a boolean attention mask (T_q, T_k) in the library's one convention: white = may
+    attend (True), black = hidden, as ``functional/masks.py`` defines it. Every figure and
+    notebook that shows a mask draws it here."""
+    ax.imshow(np.asarray(mask, dtype=bool), cmap="Greys_r", vmin=0, vmax=1)
+    ax.set_xlabel("key j")
+    ax.set_ylabel("query i")
+    if title is not None:
+        ax.set_title(f"{title} (white = may attend)", fontsize=9)
+
+
 def _snippet(run):
-    """(attention module, model inputs, query labels, key labels) for the picture."""
+    """(the attention module of every layer, model inputs, query labels, key labels)."""
     model = run.model
     if run.task == "lm":
         ids = np.asarray(run.val_ids[:min(run.config.max_len, 40)])
         chars = [repr(run.tokenizer.decode(ids[i:i + 1]))[1:-1] for i in range(len(ids))]
-        return model.decoder.blocks[-1].attn, (ids[None, :],), chars, chars
+        return [b.attn for b in model.decoder.blocks], (ids[None, :],), chars, chars
     inputs = tuple(a[:1] for a in run.eval_set.inputs)
     if run.task == "reverse":  # cross-attention: target positions read the source
         src, tgt = inputs
-        return (model.decoder.blocks[-1].cross_attn, inputs,
+        return ([b.cross_attn for b in model.decoder.blocks], inputs,
                 [str(t) for t in tgt[0]], [str(t) for t in src[0]])
     labels = [str(t) for t in inputs[0][0]]
     stack = model.encoder if run.task == "sort" else model.decoder
-    return stack.blocks[-1].attn, inputs, labels, labels
+    return [b.attn for b in stack.blocks], inputs, labels, labels
 
 
-def attention_plot(run, path: Path) -> None:
-    """The last layer's attention weights on a held-out snippet, one panel per head."""
-    from matplotlib.figure import Figure
+def _ticks(ax, labels: list[str], axis: str) -> None:
+    """At most 20 tick labels (every k-th), 7 pt: readable at the figure's size."""
+    every = -(-len(labels) // 20)
+    where = range(0, len(labels), every)
+    shown = [labels[i] for i in where]
+    if axis == "x":
+        ax.set_xticks(where, shown, fontsize=7, rotation=90)
+    else:
+        ax.set_yticks(where, shown, fontsize=7)
 
-    attn, inputs, q_labels, k_labels = _snippet(run)
-    attn.keep_weights = True
+
+def attention_weights(run) -> tuple[np.ndarray, list[str], list[str]]:
+    """The attention weights of every layer on a held-out example, in evaluation mode:
+    ``(weights of shape (L, H, T_q, T_k), query labels, key labels)``."""
+    attns, inputs, q_labels, k_labels = _snippet(run)
+    for attn in attns:
+        attn.keep_weights = True
     run.model.eval()
     try:
         run.model.forward(*inputs)
-        weights = np.asarray(attn.weights[0], dtype=np.float64)  # (H, T_q, T_k)
+        weights = np.stack([np.asarray(a.weights[0], dtype=np.float64) for a in attns])
     finally:
-        attn.keep_weights, attn.weights = False, None
+        for attn in attns:
+            attn.keep_weights, attn.weights = False, None
         run.model.train()
-    heads = weights.shape[0]
-    cols = min(heads, 4)
-    rows = -(-heads // cols)
-    fig = Figure(figsize=(3.2 * cols, 3.2 * rows + 0.4))
-    for h in range(heads):
-        ax = fig.add_subplot(rows, cols, h + 1)
-        ax.imshow(weights[h], cmap="viridis", vmin=0.0, vmax=1.0)
-        ax.set_title(f"head {h}", fontsize=9)
-        ax.set_xticks(range(len(k_labels)), k_labels, fontsize=5, rotation=90)
-        ax.set_yticks(range(len(q_labels)), q_labels, fontsize=5)
+    return weights, q_labels, k_labels
+
+
+def attention_figure(weights: np.ndarray, q_labels: list[str], k_labels: list[str],
+                     kind: str = "self-attention"):
+    """One panel per layer (rows) and head (columns), one colour scale from 0 to 1 with its
+    colorbar; ``weights`` of shape (L, H, T_q, T_k)."""
+    from matplotlib.figure import Figure
+
+    layers, heads = weights.shape[:2]
+    fig = Figure(figsize=(2.9 * heads + 1.0, 2.9 * layers + 0.6), layout="constrained")
+    axes = fig.subplots(layers, heads, squeeze=False)
+    for (layer, head), ax in np.ndenumerate(np.array(axes, dtype=object)):
+        image = ax.imshow(weights[layer, head], cmap="viridis", vmin=0.0, vmax=1.0)
+        ax.set_title(f"layer {layer}, head {head}", fontsize=8)
+        _ticks(ax, k_labels, "x")
+        _ticks(ax, q_labels, "y")
+        if layer == layers - 1:
+            ax.set_xlabel("key", fontsize=8)
+        if head == 0:
+            ax.set_ylabel("query", fontsize=8)
+    fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
+    fig.suptitle(f"{kind} of every layer on a held-out example (rows of a panel: queries, "
+                 f"columns: keys)", fontsize=9)
+    return fig
+
+
+def attention_plot(run, path: Path) -> None:
+    """Save :func:`attention_figure` of the run's model on a held-out example at ``path``."""
+    weights, q_labels, k_labels = attention_weights(run)
     kind = "cross-attention" if run.task == "reverse" else "self-attention"
-    fig.suptitle(f"last layer {kind} on a held-out example (rows: queries, columns: keys)",
-                 fontsize=9)
-    fig.tight_layout()
-    _save(fig, path)
+    _save(attention_figure(weights, q_labels, k_labels, kind), path)

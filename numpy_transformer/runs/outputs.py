@@ -120,7 +120,8 @@ RUN_FILES = {  # every file a run writes into its folder, in the order it first 
     "loss.png": "training and held-out loss, learning rate, gradient norm and clipping "
                 "threshold against step",
     "stats.png": "each tensor's gradient norm and update-to-weight ratio, by layer",
-    "attention.png": "last layer's attention weights on a held-out snippet, one panel per head",
+    "attention.png": "every layer's attention weights on a held-out snippet, a panel per layer "
+                     "and head, one colour scale",
     "sample.txt": "a sample from the final model",
 }
 CONFIG, TOKENIZER, CHECKPOINT, LOG, BEST, LOSS_PLOT, STATS_PLOT, ATTENTION_PLOT, SAMPLE = \
