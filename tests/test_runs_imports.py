@@ -17,7 +17,7 @@ PACKAGE = Path(numpy_transformer.__file__).parent
 # Each module of numpy_transformer.runs may import only the modules before it.
 ORDER = ("outputs", "options", "environment", "folder", "state", "init_from", "importing",
          "sample", "evaluate",
-         "precompile", "export", "report", "loop")
+         "precompile", "export", "report", "tensorboard", "loop")
 # What cli.py may import when it is loaded: the standard library and these light modules.
 CLI_TOP_LEVEL = {"numpy_transformer", "numpy_transformer._version", "numpy_transformer.allocator",
                  "numpy_transformer.cli_parser",

@@ -28,6 +28,9 @@ module imports only those above it in this list, never one below:
     a trained model for other tools (``numpy-transformer export``)
 ``report``
     what a run writes after its last step: held-out loss, plots, a sample
+``tensorboard``
+    ``train --tensorboard``: the log's numbers as TensorBoard events too (tensorboardX,
+    optional)
 ``loop``
     :func:`~.loop.start_run`, :func:`~.loop.resume_run` and the training loop between them
 

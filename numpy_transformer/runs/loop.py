@@ -46,6 +46,7 @@ from .outputs import (
 from .precompile import precompile
 from .report import BestCheckpoint, has_report, write_report
 from .state import Run, read_run, rebuild_run
+from .tensorboard import EventLog, check_available, event_log, remove_events
 
 
 def start_run(config_fields: dict, options: dict, out: str | None, force: bool,
@@ -57,8 +58,12 @@ def start_run(config_fields: dict, options: dict, out: str | None, force: bool,
                                                                                  options)
     except ValueError as e:  # load_text and friends name the problem
         raise UsageError(str(e)) from None
+    if options["tensorboard"]:
+        check_available()  # before the folder: a missing package is bad input
     with new_run_folder(out, run.description(), force) as held:
         run_dir = held.folder
+        if force:
+            remove_events(run_dir)  # the events of the run --force replaces
         say(f"run folder {run_dir}")
         say(run.summary())
         if run.started_from:
@@ -100,6 +105,8 @@ def resume_run(run_dir: str | Path, progress: bool = True, steps: int | None = N
         run_dir = held.folder
         stored = read_run(run_dir)
         run = rebuild_run(stored)
+        if run.options["tensorboard"]:
+            check_available()
         if steps is not None and steps != run.options["steps"]:
             say(f"extending {run_dir} from {run.options['steps']} to {steps} steps")
             run.extend(steps)
@@ -165,7 +172,9 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
         bar = ProgressBar(steps, clip=o["clip"] or None) if progress else None
         try:
             best = BestCheckpoint(run_dir, o["early_stop"])
-            with open(log_path(run_dir), "a", encoding="utf-8") as log:
+            with open(log_path(run_dir), "a", encoding="utf-8") as file, \
+                    event_log(run_dir, o["tensorboard"], trainer.step_count) as events:
+                log = _Log(file, events)
                 while trainer.step_count < steps and stop.signum is None and not best.stop:
                     r = trainer.step(run.batch(trainer.step_count))
                     _log_step(log, r, trainer)
@@ -174,7 +183,7 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
                     if o["eval_every"] and r.step % o["eval_every"] == 0 and r.step < steps:
                         result = run.evaluate()
                         best.offer(run, result["val_loss"])  # before its line: see BestCheckpoint
-                        _log(log, {"step": r.step, **result})
+                        log.write({"step": r.step, **result})
                     if o["save_every"] and r.step % o["save_every"] == 0 and r.step < steps:
                         run.save(ckpt_path)
                         saved_at = r.step
@@ -205,20 +214,28 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
     return write_report(run, run_dir)
 
 
-def _log_step(log, r: StepRecord, trainer: Trainer) -> None:
+class _Log:
+    """``log.jsonl``, open for appending, and the TensorBoard events beside it (or None)."""
+
+    def __init__(self, file, events: EventLog | None) -> None:
+        self.file, self.events = file, events
+
+    def write(self, record: dict) -> None:
+        """One line of ``log.jsonl``, on disk at once; the same numbers as events."""
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.events is not None:
+            self.events.write(record)
+
+
+def _log_step(log: _Log, r: StepRecord, trainer: Trainer) -> None:
     """A step's line of ``log.jsonl``, then its tensor statistics' if it kept them
     (``--stats-every``: moved from the trainer to the log, which a resume cuts and goes on)."""
-    _log(log, {"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
+    log.write({"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
                "tokens_per_s": r.tokens_per_s, "time": round(time.time(), 3)})
     if trainer.tensor_stats:
         tensors = {k: v for k, v in trainer.tensor_stats.pop().items() if k != "step"}
-        _log(log, {"step": r.step, "tensor_stats": tensors})
-
-
-def _log(log, record: dict) -> None:
-    """One line of ``log.jsonl``, on disk at once."""
-    log.write(json.dumps(record) + "\n")
-    log.flush()
+        log.write({"step": r.step, "tensor_stats": tensors})
 
 
 def _stopped(bar: ProgressBar | None, code: int, message: str) -> int:

@@ -225,6 +225,10 @@ OPTIONS = (
            default=0, since=(5, 0)),  # runs written before it kept none
     Option("save_every", TRAINING, "checkpoint every N steps, 0 = only at the end",
            rule=NONNEG_INT, default=100),
+    Option("tensorboard", TRAINING, "also write log.jsonl's numbers as TensorBoard events "
+           "into RUN_DIR/tensorboard (needs tensorboardX: pip install "
+           "\"numpy_transformer[tensorboard]\")", switch="on", default=False,
+           since=(5, False)),  # runs written before it wrote none
     Option("out", FOLDER, f"where the run goes [{default_run_folder('lm')}, "
            f"{default_run_folder('lm', 'lstm')} or {default_run_folder('TASK')}; if in use, a "
            "new folder with a timestamp suffix]", None, metavar="RUN_DIR"),
