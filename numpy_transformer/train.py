@@ -192,7 +192,8 @@ class ProgressBar:
     and on the numba backend the kernels' tier ("kernels: serial, parallel compiling in the
     background").
 
-    On a terminal it redraws in place; elsewhere (logs, CI) it prints a line every ~10%.
+    On a terminal it redraws in place, through ``tqdm`` where that is installed (its bar, rate
+    and time, these numbers after it); elsewhere (logs, CI) it prints a plain line every ~10%.
 
     Parameters
     ----------
@@ -219,10 +220,13 @@ class ProgressBar:
         self.first_step: int | None = None  # steps made before this bar's first (a resume)
         self.rate: float | None = None
         self.clipped = 0
+        self.tqdm = _tqdm_bar(total, self.stream) if self.tty else None
 
     def update(self, r: StepRecord) -> None:
         if self.first_step is None:
             self.first_step = r.step - 1
+            if self.tqdm is not None:  # a resume's bar starts where the run is
+                self.tqdm.n = self.first_step
         done = r.step if self.total == 0 else min(r.step, self.total)
         frac = done / max(self.total, 1)
         filled = int(frac * self.width)
@@ -233,12 +237,16 @@ class ProgressBar:
         clipped = self.clip is not None and r.grad_norm > self.clip
         self.clipped += clipped
         clip_text = f" ({self.clipped} clipped)" if self.clip is not None else ""
-        text = (f"[{'#' * filled}{'.' * (self.width - filled)}] step {r.step}/{self.total} "
-                f"loss {r.loss:.4f} lr {r.lr:.2e} |g| {r.grad_norm:.3f}"
-                f"{'*' if clipped else ' '}{clip_text} {self.rate:,.0f} tok/s "
-                f"{elapsed:.0f}s, {left:.0f}s left")
+        status = (f"loss {r.loss:.4f} lr {r.lr:.2e} |g| {r.grad_norm:.3f}"
+                  f"{'*' if clipped else ' '}{clip_text} {self.rate:,.0f} tok/s")
         tiers = sys.modules.get(_TIERS)
         kernels = tiers.describe() if tiers is not None else ""
+        if self.tqdm is not None:  # tqdm draws the bar, the rate of steps and the times
+            self.tqdm.update(done - self.tqdm.n)
+            self.tqdm.set_postfix_str(status + (f", {kernels}" if kernels else ""))
+            return
+        text = (f"[{'#' * filled}{'.' * (self.width - filled)}] step {r.step}/{self.total} "
+                f"{status} {elapsed:.0f}s, {left:.0f}s left")
         if kernels:
             text += f", {kernels}"
         if self.tty:
@@ -249,9 +257,20 @@ class ProgressBar:
             print(text, file=self.stream, flush=True)
 
     def close(self) -> None:
-        if self.tty:
+        if self.tqdm is not None:
+            self.tqdm.close()
+        elif self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def _tqdm_bar(total: int, stream):
+    """A ``tqdm`` bar of ``total`` steps on ``stream``, or None where tqdm is not installed."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, file=stream, unit="step", dynamic_ncols=True, leave=True)
 
 
 def lm_batches(ids: np.ndarray, schedule: np.ndarray, context: int) -> Iterator[Batch]:

@@ -1,5 +1,8 @@
 """The training loop: one step does what it says, stops on non-finite values, is repeatable."""
 
+import io
+import sys
+
 import numpy as np
 import pytest
 
@@ -161,6 +164,34 @@ def test_progress_bar_writes_to_stderr_when_not_a_terminal(capsys):
     bar.close()
     err = capsys.readouterr().err
     assert "step 2/2" in err and "loss 2.2500" in err and "tok/s" in err and "s left" in err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_on_a_terminal_the_bar_is_tqdm_where_installed(installed, monkeypatch):
+    """A resumed run of 10 steps, from step 3: tqdm's bar (its "step" unit and the count from
+    the run's step) with the numbers after it; without tqdm, the plain bar redrawn in place."""
+    from numpy_transformer.train import ProgressBar, StepRecord
+
+    if installed:
+        pytest.importorskip("tqdm")
+    else:
+        monkeypatch.setitem(sys.modules, "tqdm", None)  # import fails as if not installed
+    stream = _Terminal()
+    bar = ProgressBar(total=10, stream=stream, clip=1.0)
+    for step in (4, 5):
+        bar.update(StepRecord(step, 2.0, 1e-3, 1.5, 1000.0))
+    bar.close()
+    out = stream.getvalue()
+    assert "loss 2.0000" in out and "|g| 1.500* (2 clipped)" in out
+    if installed:
+        assert "5/10" in out and "step/s" in out and "[#" not in out
+    else:
+        assert "\r[" in out and "step 5/10" in out and "s left" in out
 
 
 def test_progress_bar_marks_the_clipped_steps_and_counts_them(capsys):
