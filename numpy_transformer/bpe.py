@@ -26,9 +26,8 @@ from types import ModuleType
 
 import numpy as np
 
-from ._checks import check_ids
 from .config import BPE_MIN_VOCAB
-from .data import CharTokenizer
+from .data import CharTokenizer, decodable_ids
 
 __all__ = ["BPETokenizer", "tokenizer_from_dict"]
 
@@ -116,13 +115,7 @@ class BPETokenizer:
         ValueError
             If an id is not an integer in ``[0, vocab_size)`` or ``ids`` is not 1-D.
         """
-        ids = np.asarray(ids)
-        if ids.size == 0:
-            return ""
-        ids = check_ids("ids", ids, self.vocab_size)
-        if ids.ndim != 1:
-            raise ValueError(f"decode takes a 1-D sequence of ids, got shape {ids.shape}")
-        return self.backend.decode(ids.tolist())
+        return self.backend.decode(decodable_ids(ids, self.vocab_size).tolist())
 
     def missing(self, text: str) -> list[str]:
         """The characters of ``text`` it cannot encode: none, as every byte is a token."""

@@ -53,6 +53,24 @@ def _code_points(name: str, text: str) -> np.ndarray:
 # Tokenizer
 # --------------------------------------------------------------------------------------------
 
+def decodable_ids(ids: Iterable[int] | np.ndarray, vocab_size: int) -> np.ndarray:
+    """``ids`` checked for a tokenizer's ``decode``: a 1-D integer array of ids in
+    ``[0, vocab_size)`` (an empty one for no ids).
+
+    Raises
+    ------
+    ValueError
+        If an id is not an integer in ``[0, vocab_size)`` or ``ids`` is not 1-D.
+    """
+    ids = np.asarray(ids)
+    if ids.size == 0:
+        return np.zeros(0, np.int64)
+    ids = check_ids("ids", ids, vocab_size)
+    if ids.ndim != 1:
+        raise ValueError(f"decode takes a 1-D sequence of ids, got shape {ids.shape}")
+    return ids
+
+
 class CharTokenizer:
     """One token per character; ids are positions in the sorted list of distinct characters.
 
@@ -156,12 +174,7 @@ class CharTokenizer:
         ValueError
             If an id is not an integer in ``[0, vocab_size)`` or ``ids`` is not 1-D.
         """
-        ids = np.asarray(ids)
-        if ids.size == 0:
-            return ""
-        ids = check_ids("ids", ids, self.vocab_size)
-        if ids.ndim != 1:
-            raise ValueError(f"decode takes a 1-D sequence of ids, got shape {ids.shape}")
+        ids = decodable_ids(ids, self.vocab_size)
         return self._codes[ids].astype("<u4").tobytes().decode("utf-32-le")
 
     def to_dict(self) -> dict:

@@ -35,6 +35,22 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
+def resumed_to_equal_steps(short: Path, long: Path, steps: int):
+    """``train --resume short --steps steps``, then its weights against ``long``'s (a run of
+    that many steps from the start), bit for bit; returns both checkpoints."""
+    import numpy as np
+
+    from numpy_transformer.checkpoint import load_checkpoint
+
+    code, _, err = run_cli(["train", "--resume", short, "--steps", str(steps), "--quiet"])
+    assert code == 0, err
+    mine = load_checkpoint(short / "checkpoint.npz")
+    theirs = load_checkpoint(long / "checkpoint.npz")
+    for name in theirs.params:
+        np.testing.assert_array_equal(mine.params[name], theirs.params[name], err_msg=name)
+    return mine, theirs
+
+
 def one_line_error(err: str) -> bool:
     """The bad-input contract: exactly one non-empty line on stderr, no traceback."""
     lines = [line for line in err.splitlines() if line.strip()]

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from _run_helpers import TINY, one_line_error, run_cli, small_text
+from _run_helpers import TINY, one_line_error, resumed_to_equal_steps, run_cli, small_text
 
 from numpy_transformer.checkpoint import load_checkpoint
 from numpy_transformer.corpus import load_corpus
@@ -78,12 +78,7 @@ def test_a_bpe_run_resumes_and_extends_bit_for_bit(bpe_run, tmp_path):
     _, text = bpe_run
     _train("--text", text, *TINY, *BPE, "--steps", "3", "--out", tmp_path / "short")
     _train("--text", text, *TINY, *BPE, "--steps", "5", "--out", tmp_path / "long")
-    code, _, err = run_cli(["train", "--resume", tmp_path / "short", "--steps", "5", "--quiet"])
-    assert code == 0, err
-    mine = load_checkpoint(tmp_path / "short" / "checkpoint.npz")
-    theirs = load_checkpoint(tmp_path / "long" / "checkpoint.npz")
-    for name in theirs.params:
-        np.testing.assert_array_equal(mine.params[name], theirs.params[name], err_msg=name)
+    mine, theirs = resumed_to_equal_steps(tmp_path / "short", tmp_path / "long", 5)
     assert mine.tokenizer == theirs.tokenizer
 
 

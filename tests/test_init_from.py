@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from _run_helpers import TINY, one_line_error, run_cli, small_text
+from _run_helpers import TINY, one_line_error, resumed_to_equal_steps, run_cli, small_text
 
 from numpy_transformer.checkpoint import load_checkpoint
 from numpy_transformer.corpus import load_corpus
@@ -74,12 +74,7 @@ def test_a_fine_tune_resumes_and_extends_bit_for_bit(source, tmp_path):
     common = ["--init-from", tmp / "src", "--text", new, "--batch", "4"]
     _train(*common, "--steps", "3", "--out", tmp_path / "short")
     _train(*common, "--steps", "5", "--out", tmp_path / "long")
-    code, _, err = run_cli(["train", "--resume", tmp_path / "short", "--steps", "5", "--quiet"])
-    assert code == 0, err
-    mine = load_checkpoint(tmp_path / "short" / "checkpoint.npz")
-    theirs = load_checkpoint(tmp_path / "long" / "checkpoint.npz")
-    for name in theirs.params:
-        np.testing.assert_array_equal(mine.params[name], theirs.params[name], err_msg=name)
+    mine, theirs = resumed_to_equal_steps(tmp_path / "short", tmp_path / "long", 5)
     assert mine.tokenizer == theirs.tokenizer and _losses(tmp_path / "short") == _losses(
         tmp_path / "long")
     assert json.loads((tmp_path / "short" / "config.json").read_text())["started_from"] == \

@@ -146,7 +146,9 @@ naive = {"parallel": numba.njit(parallel=True, cache=True)(thread_ids.__wrapped_
          "serial": numba.njit(cache=True)(thread_ids.__wrapped__)}
 '''
 
-TWO_TIERS = r"""
+# The start of the two scripts below: ``compiled`` collects the name of every function
+# compiled (the serial tier's is the kernel's with "__serial")
+COUNTING = r"""
 import json, sys
 import numba
 import numpy as np
@@ -164,6 +166,9 @@ class Count(event.Listener):
 
 
 event.register("numba:compile", Count())
+"""
+
+TWO_TIERS = COUNTING + r"""
 from numpy_transformer.kernels import _tiers
 from tiny_kernel import naive, thread_ids
 
@@ -279,26 +284,9 @@ def test_a_compiler_ends_when_its_parent_is_killed(tmp_path):
     assert not _alive(pid)
 
 
-SWITCH = r"""
-import json, sys
-import numba
-import numpy as np
-from numba.core import event
+SWITCH = COUNTING + r"""
 from numpy_transformer.kernels import _tiers
 from tiny_kernel import thread_ids
-
-compiled = []
-
-
-class Count(event.Listener):
-    def on_start(self, ev):
-        pass
-
-    def on_end(self, ev):
-        compiled.append(ev.data["dispatcher"].py_func.__qualname__)
-
-
-event.register("numba:compile", Count())
 numba.set_num_threads(2)
 
 
