@@ -29,7 +29,8 @@ may lack ``model``); 3, ``early_stop`` is recorded (an older run never stopped e
 config's ``norm_eps`` (an older run's norms had their defaults) and ``kv_heads`` (an older
 run had one kv head per query head); 5, ``init_from``, ``tokenizer``, ``vocab_size`` and
 ``stats_every`` are recorded (an older run started from its seed, on characters, without
-tensor statistics). The layout above is the same in all. A file of an older version is read
+tensor statistics); 6, the config's ``attn_dropout`` (an older run dropped no attention
+weights). The layout above is the same in all. A file of an older version is read
 as it is; ``runs.state.read_run`` brings its run to today's format (each option a version did
 not record takes the value that reproduces what it did). A file of a newer version is
 refused, naming both versions.
@@ -58,7 +59,7 @@ __all__ = ["FORMAT_VERSION", "CheckpointError", "Checkpoint", "save_checkpoint",
            "load_checkpoint", "check_format_version", "dropout_layers", "rng_states",
            "set_rng_states"]
 
-FORMAT_VERSION = 5  # what this version writes; it reads 1 to FORMAT_VERSION (see above)
+FORMAT_VERSION = 6  # what this version writes; it reads 1 to FORMAT_VERSION (see above)
 JSON_KEYS = ("optimizer", "rng", "config", "options", "tokenizer", "meta")
 REQUIRED_KEYS = ("format_version", "step") + JSON_KEYS
 OPTIMIZER_KEYS = {"kind", "t", "lr", "beta1", "beta2", "eps", "weight_decay"}

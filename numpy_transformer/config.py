@@ -83,6 +83,7 @@ class TransformerConfig:
     positions: str = "sinusoidal"  # Vaswani's fixed table; "learned", "rope", "alibi", "none"
     norm_first: bool = True  # pre-LN: trains without warmup (Xiong et al.); False = post-LN
     dropout: float = 0.0  # off: makes runs exactly repeatable, as in the chapter's experiment
+    attn_dropout: float = 0.0  # dropout on the attention weights (GPT-2's attn_pdrop); off
     embed_scale: bool = False  # multiply token embeddings by sqrt(C) (Vaswani; the char model)
     embed_std: float | None = None  # token embedding init std; None = 1/sqrt(C), the chapter's
     #   choice: with embed_scale the scaled coordinates then start at unit size, like the sines
@@ -125,8 +126,10 @@ class TransformerConfig:
             raise ValueError(f"rope needs an even head width (width / heads), got "
                              f"{self.width} / {self.heads} = {self.width // self.heads}: "
                              f"{_rope_shapes(self.width, self.heads)}")
-        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
-            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout!r}")
+        for name in ("dropout", "attn_dropout"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0.0 <= value < 1.0):
+                raise ValueError(f"{name} must lie in [0, 1), got {value!r}")
         for name in ("embed_std", "norm_eps"):
             if getattr(self, name) is not None:
                 check_positive(name, getattr(self, name))

@@ -19,6 +19,7 @@ tie_embeddings            True                        either
 bias                      True                        False
 embed_scale               False                       False
 dropout                   any (resid/embd_pdrop)      0
+attn_dropout              any (``attn_pdrop``)        any (``attention_dropout``)
 kv_heads                  None (multi-head)           any (``num_key_value_heads``)
 ========================  ==========================  =====================================
 
@@ -223,7 +224,7 @@ def _hf_config(model: ours.DecoderLM, family: str):
         return transformers.GPT2Config(
             n_positions=c.max_len, n_embd=c.width, n_layer=c.layers, n_head=c.heads,
             n_inner=c.ffn_width, activation_function="gelu_new", resid_pdrop=c.dropout,
-            embd_pdrop=c.dropout, attn_pdrop=0.0,
+            embd_pdrop=c.dropout, attn_pdrop=c.attn_dropout,
             layer_norm_epsilon=_norm_eps(model.decoder.final_norm, dtype),
             tie_word_embeddings=True, **common)
     return transformers.LlamaConfig(
@@ -231,7 +232,7 @@ def _hf_config(model: ours.DecoderLM, family: str):
         num_attention_heads=c.heads, num_key_value_heads=c.kv_heads or c.heads,
         head_dim=c.width // c.heads,
         max_position_embeddings=c.max_len, hidden_act="silu", attention_bias=False,
-        mlp_bias=False, attention_dropout=0.0,
+        mlp_bias=False, attention_dropout=c.attn_dropout,
         rms_norm_eps=_norm_eps(model.decoder.final_norm, dtype),
         rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
         tie_word_embeddings=c.tie_embeddings, **common)
@@ -244,9 +245,9 @@ def _our_config(hf, dtype: str, backend: str | None) -> TransformerConfig:
     if family == "gpt2":
         fields = dict(vocab=hf.vocab_size, width=hf.n_embd, heads=hf.n_head, layers=hf.n_layer,
                       ffn_width=hf.n_inner or 4 * hf.n_embd, max_len=hf.n_positions,
-                      dropout=hf.resid_pdrop)
+                      dropout=hf.resid_pdrop, attn_dropout=hf.attn_pdrop)
         needs = dict(activation_function=("gelu_new", "gelu_pytorch_tanh"),
-                     tie_word_embeddings=(True,), attn_pdrop=(0.0,),
+                     tie_word_embeddings=(True,),
                      embd_pdrop=(hf.resid_pdrop,), scale_attn_weights=(True,),
                      scale_attn_by_inverse_layer_idx=(False,), add_cross_attention=(False,))
         eps = hf.layer_norm_epsilon
@@ -255,13 +256,14 @@ def _our_config(hf, dtype: str, backend: str | None) -> TransformerConfig:
                       layers=hf.num_hidden_layers, ffn_width=hf.intermediate_size,
                       max_len=hf.max_position_embeddings,
                       tie_embeddings=hf.tie_word_embeddings,
+                      attn_dropout=float(hf.attention_dropout),
                       # as many kv heads as heads is multi-head attention: ours None
                       kv_heads=None if hf.num_key_value_heads == hf.num_attention_heads
                       else hf.num_key_value_heads)
         rope = dict(hf.rope_parameters or {})
         needs = dict(hidden_act=("silu",), attention_bias=(False,), mlp_bias=(False,),
                      head_dim=(hf.hidden_size // hf.num_attention_heads,),
-                     pretraining_tp=(1,), attention_dropout=(0.0,))
+                     pretraining_tp=(1,))
         if rope.get("rope_type", "default") != "default" or rope.get("rope_theta") != ROPE_THETA:
             odd.append(f"rope_parameters={rope!r} (ours: default RoPE, theta {ROPE_THETA})")
         eps = hf.rms_norm_eps

@@ -24,7 +24,7 @@ from .._checks import check_shaped
 __all__ = [
     'relu_forward', 'relu_backward', 'gelu_forward', 'gelu_backward', 'gelu_tanh_forward',
     'gelu_tanh_backward', 'silu_forward', 'silu_backward', 'swiglu_forward', 'swiglu_backward',
-    'dropout_forward', 'dropout_backward', 'erf'
+    'dropout_forward', 'dropout_backward', 'dropout_mask', 'erf'
 ]
 
 # NumPy has no erf: Python's math.erf (the C library's) entry by entry, in float64, rounded
@@ -140,12 +140,32 @@ def dropout_forward(x: np.ndarray, p: float, rng: np.random.Generator, training:
     Returns ``(out, cache)``; the cache is the scaled keep-mask (``None`` when the call is an
     identity: evaluation mode or ``p == 0``), so backward reuses exactly the forward's mask.
     """
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability must lie in [0, 1), got {p!r}")
+    _check_probability(p)
     if not training or p == 0.0:
         return x, None
-    keep = (rng.random(x.shape) >= p).astype(x.dtype) / x.dtype.type(1.0 - p)  # (1) m
+    keep = dropout_mask(x.shape, p, rng, x.dtype)  # (1) m
     return x * keep, keep  # (2) out = x * m
+
+
+def _check_probability(p: float) -> None:
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must lie in [0, 1), got {p!r}")
+
+
+def dropout_mask(shape: tuple, p: float, rng: np.random.Generator, dtype) -> np.ndarray:
+    """(1) The multipliers of inverted dropout: m = 0 with probability ``p``, else 1 / (1 - p).
+
+    One uniform draw per entry, in C order: ``dropout_forward`` and the attention's dropout
+    (``nn.MultiHeadAttention``) make their masks alike.
+
+    Raises
+    ------
+    ValueError
+        If ``p`` is not a probability in [0, 1).
+    """
+    _check_probability(p)
+    dtype = np.dtype(dtype)
+    return (rng.random(shape) >= p).astype(dtype) / dtype.type(1.0 - p)
 
 
 def dropout_backward(dout: np.ndarray, keep: np.ndarray | None) -> np.ndarray:

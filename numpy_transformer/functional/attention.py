@@ -3,14 +3,16 @@
 Contract shared with the compiled, fused attention of the other backend (see
 ``numpy_transformer.backend``; either can replace the other without changing any caller):
 
-* ``out, cache = sdpa_forward(q, k, v, mask=None, bias=None, scale=None)``
+* ``out, cache = sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None)``
 * ``dq, dk, dv = sdpa_backward(dout, cache)``
 
 q : (B, H, T_q, D), k and v : (B, H_kv, T_k, D) with H_kv dividing H; ``mask`` is boolean,
 ``True`` = may attend, broadcastable to (B, H, T_q, T_k); ``bias`` is an additive float score
-bias (ALiBi), also broadcastable, and treated as a constant (no gradient). The cache is
-opaque: only the matching backward reads it. A query whose every key is masked gets a zero
-output and zero gradients.
+bias (ALiBi), also broadcastable, and treated as a constant (no gradient); ``dropout`` the
+multipliers of the attention weights (inverted dropout, 0 or 1 / (1 - p): the
+``functional.activations.dropout_mask`` a module draws in training), broadcastable as well,
+also a constant. The cache is opaque: only the matching backward reads it. A query whose
+every key is masked gets a zero output and zero gradients.
 
 H_kv = H is multi-head attention. H_kv < H is grouped-query attention (Ainslie et al. 2023):
 the H query heads fall into H_kv groups of G = H / H_kv consecutive heads, and every head of
@@ -37,11 +39,12 @@ class SDPACache(NamedTuple):
     q: np.ndarray  # (B, H, T_q, D), the forward's own copy (as are k and v)
     k: np.ndarray  # (B, H_kv, T_k, D), before (0): G times less than repeated
     v: np.ndarray  # (B, H_kv, T_k, D)
-    probs: np.ndarray  # (B, H, T_q, T_k) attention weights, 0 where masked
+    probs: np.ndarray  # (B, H, T_q, T_k) attention weights, 0 where masked, before (4b)
     scale: float
+    dropout: np.ndarray | None  # the multipliers of (4b), the forward's own copy, or None
 
 
-def check_attention_inputs(q, k, v, mask=None, bias=None, scale=None) -> None:
+def check_attention_inputs(q, k, v, mask=None, bias=None, scale=None, dropout=None) -> None:
     """Raise ``ValueError`` naming the offending value unless the inputs fit the contract
     (non-empty: T_q, T_k and D of 0 are refused)."""
     if scale is not None:
@@ -58,11 +61,13 @@ def check_attention_inputs(q, k, v, mask=None, bias=None, scale=None) -> None:
         raise ValueError(f"k's {k.shape[1]} heads must divide q's {q.shape[1]} heads "
                          f"(q {q.shape}, k {k.shape})")
     scores_shape = q.shape[:3] + (k.shape[2],)
-    for name, m in (("mask", mask), ("bias", bias)):
+    for name, m in (("mask", mask), ("bias", bias), ("dropout", dropout)):
         if m is None:
             continue
-        if name == "bias":
-            check_float("bias", m)  # an array, as q, k, v (a mask may be any array-like)
+        if name != "mask":
+            check_float(name, m)  # an array, as q, k, v (a mask may be any array-like)
+        if name == "dropout" and m.dtype != q.dtype:  # else the product would change dtype
+            raise ValueError(f"dropout must have q's dtype {q.dtype}, got {m.dtype}")
         m = np.asarray(m)
         if name == "mask" and m.dtype != np.bool_:
             raise ValueError(f"mask must be boolean (True = may attend), got dtype {m.dtype}")
@@ -125,8 +130,8 @@ def attention_weights(q, k, mask=None, bias=None, scale=None) -> np.ndarray:
     return scores_forward(q, repeat_kv(k, q.shape[1]), mask, bias, scale)[0]  # (0), (1)-(4)
 
 
-def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
-    """Scaled dot-product attention, ``softmax(q k^T / sqrt(D) + bias, masked) v``.
+def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None):
+    """Scaled dot-product attention, ``(softmax(q k^T / sqrt(D) + bias, masked) * dropout) v``.
 
     Parameters
     ----------
@@ -140,6 +145,10 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
         Added to the scaled scores before masking (for example ALiBi). Constant.
     scale : float, optional
         Score scale, default ``1 / sqrt(D)``.
+    dropout : ndarray of float, broadcastable to (B, H, T_q, T_k), optional
+        Multipliers of the attention weights after the softmax: inverted dropout's 0 or
+        1 / (1 - p) (``functional.activations.dropout_mask``), as GPT-2's ``attn_pdrop``
+        and ``torch.nn.functional.scaled_dot_product_attention(dropout_p=p)``. Constant.
 
     Returns
     -------
@@ -155,7 +164,8 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     -----
     (0) k_h = k[h // G], v_h = v[h // G], G = H / H_kv   (the identity when H_kv = H)
     (1) s = q k_h^T * scale   (2) s += bias   (3) s[~mask] = -inf
-    (4) p = softmax(s) along keys (0 for a fully masked row)   (5) out = p v_h
+    (4) p = softmax(s) along keys (0 for a fully masked row)
+    (4b) p~ = p * dropout   (p~ = p without dropout)   (5) out = p~ v_h
 
     References
     ----------
@@ -163,23 +173,29 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     Ainslie et al., "GQA: Training Generalized Multi-Query Transformer Models from Multi-Head
     Checkpoints", 2023.
     """
-    check_attention_inputs(q, k, v, mask, bias, scale)
+    check_attention_inputs(q, k, v, mask, bias, scale, dropout)
     heads = q.shape[1]
     probs, scale = scores_forward(q, repeat_kv(k, heads), mask, bias, scale)  # (0)-(4)
-    out = probs @ repeat_kv(v, heads)  # (0), (5) (B, H, T_q, D)
-    # the cache owns what it keeps: the caller may write into q, k and v before the backward
-    return out, SDPACache(q.copy(), k.copy(), v.copy(), probs, scale)
+    dropped = probs if dropout is None else probs * dropout  # (4b) (B, H, T_q, T_k)
+    out = dropped @ repeat_kv(v, heads)  # (0), (5) (B, H, T_q, D)
+    # the cache owns what it keeps: the caller may write into q, k, v and the multipliers
+    # before the backward
+    return out, SDPACache(q.copy(), k.copy(), v.copy(), probs, scale,
+                          None if dropout is None else dropout.copy())
 
 
 def sdpa_backward(dout, cache: SDPACache):
     """Gradients of :func:`sdpa_forward`: returns ``(dq, dk, dv)``, each shaped like its input."""
-    q, k, v, p, scale = cache
+    q, k, v, p, scale, drop = cache
     check_sdpa_grads(dout, q)
     heads, kv_heads = q.shape[1], k.shape[1]
     k_h, v_h = repeat_kv(k, heads), repeat_kv(v, heads)  # (0) again: (B, H, T_k, D)
-    # (5) out = p v_h        =>  dv_h = p^T dout,  dp = dout v_h^T
-    dv_h = p.swapaxes(-1, -2) @ dout  # (B, H, T_k, D)
+    p_dropped = p if drop is None else p * drop  # (4b) p~ again
+    # (5) out = p~ v_h       =>  dv_h = p~^T dout,  dp~ = dout v_h^T
+    dv_h = p_dropped.swapaxes(-1, -2) @ dout  # (B, H, T_k, D)
     dp = dout @ v_h.swapaxes(-1, -2)  # (B, H, T_q, T_k)
+    if drop is not None:
+        dp = dp * drop  # (4b) p~ = p * dropout  =>  dp = dp~ * dropout
     # (4) p = softmax(s)      =>  ds = p * (dp - sum_j dp p)   (masked entries: p = 0, ds = 0)
     ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
     # (3), (2) masking and the constant bias pass ds through unchanged

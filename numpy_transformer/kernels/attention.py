@@ -4,7 +4,7 @@ Same contract as :mod:`numpy_transformer.functional.attention` (read that file f
 readable reference, and every kernel below is checked against it in
 ``tests/test_kernel_attention.py``):
 
-* ``out, cache = sdpa_forward(q, k, v, mask=None, bias=None, scale=None)``
+* ``out, cache = sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None)``
 * ``dq, dk, dv = sdpa_backward(dout, cache)``
 
 q, k, v and dout may have any strides. The forward copies q, k and v into C-contiguous arrays
@@ -26,6 +26,11 @@ G gradients of each kv head back into one. The cache then holds k and v G times;
 that reads kv head h // G in place would spare that memory, at the price of a second set of
 compiled kernels for one index.
 
+Dropout on the attention weights (``dropout=``, a model's ``attn_dropout`` in training) runs
+the reference: its multipliers are a (B, H, T_q, T_k) array anyway, as large as the
+probabilities the reference keeps, so the fused kernels would save no memory there; the
+backward follows the cache it is given. In evaluation, and without dropout, the kernels run.
+
 Three files: this one holds the public wrappers (validation, the cache, the contract);
 ``_attention_kernels.py`` the compiled code, with the plan of the kernels in the reference's
 step numbers (how the work is split, the causal skipping, the threads); ``_attention_masks.py``
@@ -46,7 +51,9 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
+from ..functional import attention as reference
 from ..functional.attention import (
+    SDPACache,
     check_attention_inputs,
     check_sdpa_grads,
     repeat_kv,
@@ -110,12 +117,13 @@ def _heads_view(b: int, h: int, t: int, d: int, dtype) -> np.ndarray:
     return np.empty((b, t, h, d), dtype=dtype).transpose(0, 2, 1, 3)
 
 
-def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
+def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None):
     """Fused scaled dot-product attention, ``softmax(q k^T * scale + bias, masked) v``.
 
     Same parameters, returns and errors as
     :func:`numpy_transformer.functional.attention.sdpa_forward`; only the cache differs
-    (``SDPAKernelCache``: the per-row log-sum-exp instead of the probabilities).
+    (``SDPAKernelCache``: the per-row log-sum-exp instead of the probabilities). With
+    ``dropout`` the reference runs, and its cache is returned (see the module docstring).
 
     Parameters
     ----------
@@ -148,6 +156,8 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None):
     for either input dtype (one number per row): rounded to float32 it would shift every
     rebuilt p by up to about 1e-6 relative.
     """
+    if dropout is not None:
+        return reference.sdpa_forward(q, k, v, mask, bias, scale, dropout)
     check_attention_inputs(q, k, v, mask, bias, scale)
     check_kernel_float("q", q)  # and so k and v, of q's dtype
     b, h, t_q, d = q.shape
@@ -209,8 +219,11 @@ def sdpa_backward(dout, cache: SDPAKernelCache):
     Rows whose keys are all masked get zero gradients; a masked (query, key) pair contributes
     exactly zero to dq, dk and dv. Like the forward's output, each gradient is a (B, H, T, D)
     view of memory laid out as (B, T, H, D), so that merging its heads is a free reshape;
-    dk and dv (B, H_kv, T_k, D) too, in grouped-query attention.
+    dk and dv (B, H_kv, T_k, D) too, in grouped-query attention. The cache of a forward with
+    dropout is the reference's, and so is its backward.
     """
+    if isinstance(cache, SDPACache) and cache.dropout is not None:  # what the forward ran
+        return reference.sdpa_backward(dout, cache)
     _check_cache(cache)
     check_sdpa_grads(dout, cache.q)
     b, h, t_q, t_k, d = cache.shape

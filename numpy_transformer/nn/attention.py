@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .._checks import check_float, check_kv_heads, check_last_dim, check_positive
+from .._checks import check_float, check_kv_heads, check_last_dim, check_number, check_positive
 from ..backend import get_backend
 from ..config import DEFAULT_BACKEND
+from ..functional.activations import dropout_mask
 from ..functional.linear import merge_heads, split_heads
 from ..functional.positional import alibi_bias, rope_backward, rope_forward, rope_tables
+from .layers import Dropout
 from .module import Module
 
 if TYPE_CHECKING:
@@ -55,6 +57,12 @@ class MultiHeadAttention(Module):
         Longest sequence; required with ``rope`` (the angle tables are precomputed).
     bias : bool, default True
         Whether the four projections add a bias (LLaMA's have none).
+    dropout : float, default 0.0
+        Probability of zeroing each attention weight in training, after the softmax (GPT-2's
+        ``attn_pdrop``, LLaMA's ``attention_dropout``); the survivors are scaled by
+        1 / (1 - p). Above 0 the module has a child ``drop``, a :class:`Dropout` whose
+        generator draws the masks: ``rng.spawn(1)``, which leaves the draws of the weights
+        as they are without it.
     backend : str or Backend, default ``config.DEFAULT_BACKEND``
         Where the projections and the attention core come from (numba: the fused kernel of
         ``kernels/attention.py``).
@@ -81,9 +89,11 @@ class MultiHeadAttention(Module):
     (2) q, k, v = split_heads(q), split_heads(k), split_heads(v)    (B, H, T, D), (B, H_kv, T, D)
     (3) q, k = rope(q), rope(k)                                         (if rope)
         at the positions start .. start + T - 1, start = 0 unless decoding with a cache
-    (4) o = softmax(q k^T / sqrt(D) + alibi, masked) v                  (B, H, T_q, D)
+    (4) o = (softmax(q k^T / sqrt(D) + alibi, masked) * m) v            (B, H, T_q, D)
         with a ``kv_cache`` (decoding), k and v are those of every position so far; with
-        H_kv < H, query head h reads kv head h // (H / H_kv) (the backend's ``sdpa_forward``)
+        H_kv < H, query head h reads kv head h // (H / H_kv) (the backend's ``sdpa_forward``);
+        m is the dropout's mask of the weights in training (``dropout_mask``), 1 otherwise
+        and in decoding
     (5) o = merge_heads(o)                                              (B, T_q, C)
     (6) out = o wo + bo                                                 (B, T_q, C)
 
@@ -103,7 +113,7 @@ class MultiHeadAttention(Module):
 
     def __init__(self, width: int, heads: int, *, kv_heads: int | None = None,
                  rope: bool = False, alibi: bool = False, max_len: int | None = None,
-                 bias: bool = True,
+                 bias: bool = True, dropout: float = 0.0,
                  backend: str | Backend = DEFAULT_BACKEND, keep_weights: bool = False,
                  dtype=np.float64,
                  rng: np.random.Generator | None = None) -> None:
@@ -124,6 +134,10 @@ class MultiHeadAttention(Module):
             cos, sin = rope_tables(max_len, self.head_width, dtype=dtype)  # (max_len, D/2)
             self.buffers["rope_cos"], self.buffers["rope_sin"] = cos, sin
         rng = np.random.default_rng() if rng is None else rng
+        self.drop = None
+        if check_number("dropout", dropout, 0.0, 1.0):  # a child generator: the weights'
+            # draws below stay those of the same rng without dropout
+            self.drop = self.add("drop", Dropout(dropout, seed=rng.spawn(1)[0]))
         bound = 1.0 / np.sqrt(width)
         kv_width = self.kv_heads * self.head_width  # H_kv D, C in multi-head attention
         for name, out in (("q", width), ("k", kv_width), ("v", kv_width), ("o", width)):
@@ -221,7 +235,7 @@ class MultiHeadAttention(Module):
             else:
                 (k, v), _ = self._project(context, "kv")  # (1), (2)
                 k, v = kv_cache.append(k, v)
-        o, _ = self._attend(q, k, v, mask, x.dtype)  # (4) (B, H, T_q, D)
+        o, _ = self._attend(q, k, v, mask, x.dtype, decoding=True)  # (4) (B, H, T_q, D)
         o = merge_heads(o)  # (5) (B, T_q, C)
         return self.ops.linear_forward(o, self.params["wo"], self.params.get("bo"))[0]  # (6)
 
@@ -261,10 +275,14 @@ class MultiHeadAttention(Module):
         return dsrc
 
     def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
-                dtype) -> tuple[np.ndarray, object]:
-        """(4) the attention core with the ALiBi bias if asked; keeps the weights if asked."""
+                dtype, decoding: bool = False) -> tuple[np.ndarray, object]:
+        """(4) the attention core with the ALiBi bias and the dropout if asked; keeps the
+        weights if asked."""
         bias = alibi_bias(self.heads, q.shape[2], k.shape[2], dtype=dtype) if self.alibi else None
-        o, cache = self.ops.sdpa_forward(q, k, v, mask=mask, bias=bias)  # (4) (B, H, T_q, D)
+        drop = None  # m of (4): (B, H, T_q, T_k), in training only
+        if self.drop is not None and self.training and not decoding:
+            drop = dropout_mask(q.shape[:3] + k.shape[2:3], self.drop.p, self.drop.rng, dtype)
+        o, cache = self.ops.sdpa_forward(q, k, v, mask=mask, bias=bias, dropout=drop)  # (4)
         if self.keep_weights:
             self.weights = self.ops.attention_weights(q, k, mask=mask, bias=bias)
         return o, cache

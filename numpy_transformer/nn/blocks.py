@@ -60,6 +60,8 @@ class EncoderBlock(_Block):
         Pre-LN (True) or post-LN (False).
     dropout : float, default 0.0
         Applied to each sublayer's output before the residual addition.
+    attn_dropout : float, default 0.0
+        Applied to the attention weights (see :class:`MultiHeadAttention`).
     kv_heads : int, optional
         H_kv of the attention (None = H; see :class:`MultiHeadAttention`).
     rope, alibi, max_len
@@ -81,7 +83,8 @@ class EncoderBlock(_Block):
     def __init__(self, width: int, heads: int, ffn_width: int, *, kv_heads: int | None = None,
                  norm: str = "layernorm", norm_eps: float | None = None,
                  activation: str = "gelu", norm_first: bool = True, dropout: float = 0.0,
-                 rope: bool = False, alibi: bool = False, max_len: int | None = None,
+                 attn_dropout: float = 0.0, rope: bool = False, alibi: bool = False,
+                 max_len: int | None = None,
                  bias: bool = True, backend: str | Backend = DEFAULT_BACKEND,
                  dtype=np.float64, rng: np.random.Generator | None = None) -> None:
         super().__init__(backend)
@@ -92,7 +95,7 @@ class EncoderBlock(_Block):
                                                  backend=ops))
         self.attn = self.add("attn", MultiHeadAttention(
             width, heads, kv_heads=kv_heads, rope=rope, alibi=alibi, max_len=max_len, bias=bias,
-            backend=ops, dtype=dtype, rng=rng))
+            dropout=attn_dropout, backend=ops, dtype=dtype, rng=rng))
         self.drop1 = self.add("drop1", Dropout(dropout, seed=_seed(rng)))
         self.norm2 = self.add("norm2", make_norm(norm, width, norm_eps, dtype=dtype,
                                                  backend=ops))
@@ -132,10 +135,10 @@ class DecoderBlock(_Block):
 
     Parameters
     ----------
-    width, heads, ffn_width, kv_heads, norm, norm_eps, activation, norm_first, dropout, rope,
-    alibi, max_len, bias, backend, dtype, rng
+    width, heads, ffn_width, kv_heads, norm, norm_eps, activation, norm_first, dropout,
+    attn_dropout, rope, alibi, max_len, bias, backend, dtype, rng
         As for :class:`EncoderBlock` (rope and alibi apply to the self-attention only;
-        kv_heads to both attentions).
+        kv_heads and attn_dropout to both attentions).
     cross : bool, default False
         Add the cross-attention sublayer (encoder-decoder models). Without it this is the
         block of a decoder-only language model.
@@ -152,7 +155,8 @@ class DecoderBlock(_Block):
     def __init__(self, width: int, heads: int, ffn_width: int, *, kv_heads: int | None = None,
                  cross: bool = False, norm: str = "layernorm", norm_eps: float | None = None,
                  activation: str = "gelu", norm_first: bool = True, dropout: float = 0.0,
-                 rope: bool = False, alibi: bool = False, max_len: int | None = None,
+                 attn_dropout: float = 0.0, rope: bool = False, alibi: bool = False,
+                 max_len: int | None = None,
                  bias: bool = True,
                  backend: str | Backend = DEFAULT_BACKEND, dtype=np.float64,
                  rng: np.random.Generator | None = None) -> None:
@@ -164,13 +168,14 @@ class DecoderBlock(_Block):
                                                  backend=ops))
         self.attn = self.add("attn", MultiHeadAttention(
             width, heads, kv_heads=kv_heads, rope=rope, alibi=alibi, max_len=max_len, bias=bias,
-            backend=ops, dtype=dtype, rng=rng))
+            dropout=attn_dropout, backend=ops, dtype=dtype, rng=rng))
         self.drop1 = self.add("drop1", Dropout(dropout, seed=_seed(rng)))
         if cross:
             self.cross_norm = self.add("cross_norm", make_norm(norm, width, norm_eps,
                                                                dtype=dtype, backend=ops))
             self.cross_attn = self.add("cross_attn", MultiHeadAttention(
-                width, heads, kv_heads=kv_heads, bias=bias, backend=ops, dtype=dtype, rng=rng))
+                width, heads, kv_heads=kv_heads, bias=bias, dropout=attn_dropout, backend=ops,
+                dtype=dtype, rng=rng))
             self.cross_drop = self.add("cross_drop", Dropout(dropout, seed=_seed(rng)))
         self.norm2 = self.add("norm2", make_norm(norm, width, norm_eps, dtype=dtype,
                                                  backend=ops))

@@ -244,8 +244,8 @@ class Dropout(Module):
     ----------
     p : float
         Probability of zeroing an entry, in [0, 1).
-    seed : int, optional
-        Seed of this layer's ``np.random.Generator``.
+    seed : int or np.random.Generator, optional
+        Seed of this layer's ``np.random.Generator``, or the generator itself.
 
     Notes
     -----

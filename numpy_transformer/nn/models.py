@@ -34,8 +34,9 @@ def _block_options(config: TransformerConfig, rng: np.random.Generator) -> dict:
     """The keyword arguments every block of a model shares (the backend: its namespace)."""
     return dict(kv_heads=config.kv_heads, norm=config.norm, norm_eps=config.norm_eps,
                 activation=config.activation, norm_first=config.norm_first,
-                dropout=config.dropout, rope=config.positions == "rope",
-                alibi=config.positions == "alibi", max_len=config.max_len, bias=config.bias,
+                dropout=config.dropout, attn_dropout=config.attn_dropout,
+                rope=config.positions == "rope", alibi=config.positions == "alibi",
+                max_len=config.max_len, bias=config.bias,
                 backend=get_backend(config.backend), dtype=np.dtype(config.dtype), rng=rng)
 
 

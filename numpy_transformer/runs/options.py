@@ -183,7 +183,11 @@ OPTIONS = (
     Option("positions", TRANSFORMER, "", "config", choices=POSITIONS),
     Option("norm_first", TRANSFORMER, "post-LN blocks as Vaswani et al.", "config",
            switch="off", flag="--post-ln", shown={True: "pre-LN", False: "post-LN"}),
-    Option("dropout", TRANSFORMER, "", "config", RATE),
+    Option("dropout", TRANSFORMER, "on every sublayer's output and the embeddings", "config",
+           RATE),
+    Option("attn_dropout", TRANSFORMER, "on the attention weights, after the softmax (GPT-2's "
+           "attn_pdrop)", "config", RATE,
+           since=(6, 0.0)),  # runs written before it dropped no attention weights
     Option("embed_scale", TRANSFORMER, "multiply the token embeddings by sqrt(width), as "
            "Vaswani et al.", "config", switch="both", default=True, overrides={"task": False}),
     Option("tie_embeddings", TRANSFORMER, "the output head reuses the token embedding table, "

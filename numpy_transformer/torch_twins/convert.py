@@ -36,7 +36,8 @@ def _block_kwargs(block) -> dict:
     attn = block.attn
     return dict(kv_heads=attn.kv_heads, norm=_norm_name(block.norm1),
                 activation=block.ffn.activation,
-                norm_first=block.norm_first, dropout=block.drop1.p, rope=attn.rope,
+                norm_first=block.norm_first, dropout=block.drop1.p,
+                attn_dropout=0.0 if attn.drop is None else attn.drop.p, rope=attn.rope,
                 alibi=attn.alibi, max_len=attn.max_len, bias=attn.bias)
 
 
@@ -83,7 +84,8 @@ def build_twin(module: ours.Module) -> nn.Module:
         return modules.MultiHeadAttention(module.width, module.heads,
                                           kv_heads=module.kv_heads, rope=module.rope,
                                           alibi=module.alibi, max_len=module.max_len,
-                                          bias=module.bias)
+                                          bias=module.bias,
+                                          dropout=0.0 if module.drop is None else module.drop.p)
     if isinstance(module, ours.SinusoidalPositions):
         return modules.SinusoidalPositions(module.max_len, module.width)
     if isinstance(module, ours.LearnedPositions):

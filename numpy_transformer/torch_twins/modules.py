@@ -50,13 +50,14 @@ class MultiHeadAttention(nn.Module):
     With ``kv_heads`` < ``heads`` (grouped-query attention) k_proj and v_proj are
     (kv_heads D, C), and each kv head is repeated for its group with
     ``torch.repeat_interleave``: autograd, not our hand-written sum, then adds the group's
-    gradients.
+    gradients. ``dropout`` acts on the attention weights (``nn.Dropout``, in training only).
     """
 
     def __init__(self, width: int, heads: int, *, kv_heads: int | None = None,
                  rope: bool = False, alibi: bool = False, max_len: int | None = None,
-                 bias: bool = True) -> None:
+                 bias: bool = True, dropout: float = 0.0) -> None:
         super().__init__()
+        self.drop = nn.Dropout(dropout)
         self.heads, self.rope, self.alibi = heads, rope, alibi
         self.kv_heads = heads if kv_heads is None else kv_heads
         kv_width = self.kv_heads * (width // heads)
@@ -81,7 +82,7 @@ class MultiHeadAttention(nn.Module):
         # query head i reads kv head i // (H / H_kv): (B, H, T_k, D)
         k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
         bias = alibi_bias(h, t_q, t_k, x.dtype) if self.alibi else None
-        o = sdpa(q, k, v, mask, bias)  # (B, H, T_q, D)
+        o = sdpa(q, k, v, mask, bias, dropout=self.drop)  # (B, H, T_q, D)
         return self.out_proj(o.transpose(1, 2).reshape(b, t_q, c))
 
 
@@ -130,13 +131,13 @@ class EncoderBlock(nn.Module):
     """Pre-LN or post-LN: self-attention, then the feed-forward network, each with a residual."""
 
     def __init__(self, width, heads, ffn_width, *, kv_heads=None, norm="layernorm",
-                 activation="gelu", norm_first=True, dropout=0.0, rope=False, alibi=False,
-                 max_len=None, bias=True) -> None:
+                 activation="gelu", norm_first=True, dropout=0.0, attn_dropout=0.0, rope=False,
+                 alibi=False, max_len=None, bias=True) -> None:
         super().__init__()
         self.norm_first = norm_first
         self.norm1 = make_norm(norm, width)
         self.attn = MultiHeadAttention(width, heads, kv_heads=kv_heads, rope=rope, alibi=alibi,
-                                       max_len=max_len, bias=bias)
+                                       max_len=max_len, bias=bias, dropout=attn_dropout)
         self.drop1 = nn.Dropout(dropout)
         self.norm2 = make_norm(norm, width)
         self.ffn = FeedForward(width, ffn_width, activation, bias)
@@ -154,17 +155,18 @@ class DecoderBlock(nn.Module):
     """Causal self-attention, optional cross-attention to a memory, the feed-forward network."""
 
     def __init__(self, width, heads, ffn_width, *, kv_heads=None, cross=False,
-                 norm="layernorm", activation="gelu", norm_first=True, dropout=0.0, rope=False,
-                 alibi=False, max_len=None, bias=True) -> None:
+                 norm="layernorm", activation="gelu", norm_first=True, dropout=0.0,
+                 attn_dropout=0.0, rope=False, alibi=False, max_len=None, bias=True) -> None:
         super().__init__()
         self.norm_first, self.cross = norm_first, cross
         self.norm1 = make_norm(norm, width)
         self.attn = MultiHeadAttention(width, heads, kv_heads=kv_heads, rope=rope, alibi=alibi,
-                                       max_len=max_len, bias=bias)
+                                       max_len=max_len, bias=bias, dropout=attn_dropout)
         self.drop1 = nn.Dropout(dropout)
         if cross:
             self.cross_norm = make_norm(norm, width)
-            self.cross_attn = MultiHeadAttention(width, heads, kv_heads=kv_heads, bias=bias)
+            self.cross_attn = MultiHeadAttention(width, heads, kv_heads=kv_heads, bias=bias,
+                                                 dropout=attn_dropout)
             self.cross_drop = nn.Dropout(dropout)
         self.norm2 = make_norm(norm, width)
         self.ffn = FeedForward(width, ffn_width, activation, bias)
@@ -197,7 +199,8 @@ ATTENTION_POSITIONS = ("rope", "alibi")
 def _block_options(c: TransformerConfig) -> dict:
     return dict(kv_heads=c.kv_heads, norm=c.norm, activation=c.activation,
                 norm_first=c.norm_first,
-                dropout=c.dropout, rope=c.positions == "rope", alibi=c.positions == "alibi",
+                dropout=c.dropout, attn_dropout=c.attn_dropout, rope=c.positions == "rope",
+                alibi=c.positions == "alibi",
                 max_len=c.max_len, bias=c.bias)
 
 

@@ -102,22 +102,25 @@ def rms_norm(x, w, eps: float | None = None):
     return F.rms_norm(x, (x.shape[-1],), w, eps)
 
 
-def sdpa(q, k, v, mask=None, bias=None, scale=None):
+def sdpa(q, k, v, mask=None, bias=None, scale=None, dropout=None):
     """Attention with our conventions: mask True = may attend; a fully masked row gives 0.
 
     ``F.scaled_dot_product_attention`` returns NaN for such a row; here the row's scores are
     replaced by zeros before the softmax and its weights multiplied by 0 afterwards, so
-    neither the output nor any gradient sees a NaN.
+    neither the output nor any gradient sees a NaN. ``dropout``, a function of the weights
+    (an ``nn.Dropout``, or a fixed mask's product), acts on them after the softmax.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = (q @ k.transpose(-1, -2)) * scale  # (B, H, T_q, T_k)
     if bias is not None:
         s = s + bias
     if mask is None:
-        return torch.softmax(s, dim=-1) @ v
-    visible = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1) does the row see any key?
-    s = s.masked_fill(~mask, -math.inf).masked_fill(~visible, 0.0)
-    return (torch.softmax(s, dim=-1) * visible) @ v
+        p = torch.softmax(s, dim=-1)
+    else:
+        visible = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1) does the row see any key?
+        s = s.masked_fill(~mask, -math.inf).masked_fill(~visible, 0.0)
+        p = torch.softmax(s, dim=-1) * visible
+    return (p if dropout is None else dropout(p)) @ v
 
 
 def rope_tables(length: int, head_width: int, base: float = 10000.0, dtype=torch.float64):

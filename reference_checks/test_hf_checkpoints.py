@@ -1,5 +1,11 @@
-"""A LLaMA with grouped-query attention, made and initialised by ``transformers``, imports:
-the same logits and the same gradients of the loss with respect to every weight.
+"""Checkpoints made and initialised by ``transformers`` import with their own configs: the
+same logits and the same gradients of the loss with respect to every weight.
+
+GPT-2 with its stock config (``GPT2Config()``'s dropouts of 0.1 on the residuals, the
+embeddings and the attention weights, ``gelu_new``, epsilon 1e-5; only the sizes made small),
+in float64: they act in training only, so the imported model, in eval mode as
+``from_pretrained`` returns it, agrees to float64 rounding (1e-12), and in training mode its
+dropout acts.
 
 ``LlamaForCausalLM`` with ``num_key_value_heads`` < ``num_attention_heads`` (4 query heads, 2
 kv heads: two groups, so which query head reads which kv head matters), saved with
@@ -80,16 +86,26 @@ def tokens():
     return np.random.default_rng(1).integers(0, V, size=(B, T))
 
 
-def hf_logits_and_grads(model, ids):
+def hf_logits_and_grads(model, ids, loss_in_model_dtype: bool = False):
+    """transformers' logits, loss and gradients. Its own loss (``labels=``) upcasts the
+    logits to float32 (``ForCausalLMLoss``); ``loss_in_model_dtype`` computes the same loss
+    in the model's dtype instead (float64 for GPT-2)."""
     model.zero_grad()
-    out = model(torch.from_numpy(ids), labels=torch.from_numpy(ids))
-    out.loss.backward()
+    ids_t = torch.from_numpy(ids)
+    if loss_in_model_dtype:
+        logits = model(ids_t).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V),
+                                                 ids_t[:, 1:].reshape(-1))
+    else:
+        out = model(ids_t, labels=ids_t)
+        logits, loss = out.logits, out.loss
+    loss.backward()
     grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
-    return out.logits.detach().numpy(), float(out.loss.detach()), grads
+    return logits.detach().numpy(), float(loss.detach()), grads
 
 
-def our_logits_and_grads(model, ids):
-    """Logits, the loss of LLaMA's labels (position t predicts token t + 1), and every
+def our_logits_and_grads(model, ids, family: str = "llama"):
+    """Logits, the loss of transformers' labels (position t predicts token t + 1), and every
     weight's gradient in transformers' names and layouts."""
     model.zero_grad()
     logits = model.forward(ids)
@@ -98,7 +114,7 @@ def our_logits_and_grads(model, ids):
     model.backward(F.cross_entropy_backward(1.0, cache))
     for _, p, g in model.named_parameters():  # a gradient maps as its weight does
         p[...] = g
-    return logits, float(loss), to_hf_state(model, "llama")
+    return logits, float(loss), to_hf_state(model, family)
 
 
 @pytest.mark.parametrize("backend", ["numpy", "numba"])
@@ -135,3 +151,64 @@ def test_negative_control_kv_heads_read_in_the_other_order(llama, monkeypatch):
     monkeypatch.setattr(attention, "repeat_kv", lambda x, heads: np.tile(
         x, (1, heads // x.shape[1], 1, 1)))
     assert rel(imported.model.forward(ids), theirs) > 100 * float32_tolerance(False)
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    """A random GPT2LMHeadModel of the stock config but for its sizes, in float64, saved; its
+    LayerNorm gains and shifts moved off their init."""
+    torch.manual_seed(1)
+    config = transformers.GPT2Config(vocab_size=V, n_positions=T, n_embd=32, n_layer=2,
+                                     n_head=4, bos_token_id=None, eos_token_id=None)
+    assert config.attn_pdrop == config.resid_pdrop == config.embd_pdrop == 0.1  # stock
+    model = transformers.GPT2LMHeadModel(config).double()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".ln_" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    directory = tmp_path_factory.mktemp("gpt2-stock")
+    model.save_pretrained(directory)
+    return model.eval(), directory
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_a_stock_gpt2_imports_with_its_dropouts_logits_and_gradients(gpt2, backend):
+    hf_model, directory = gpt2
+    imported = load_hf(directory, backend=backend)
+    model, config = imported.model, imported.model.config
+    assert (config.dropout, config.attn_dropout, config.dtype) == (0.1, 0.1, "float64")
+    assert not model.training  # eval mode, as from_pretrained returns it
+    ids = tokens()
+    theirs, their_loss, their_grads = hf_logits_and_grads(hf_model, ids, True)
+    ours, our_loss, our_grads = our_logits_and_grads(model, ids, "gpt2")
+    assert rel(ours, theirs) <= 1e-12, f"logits: {rel(ours, theirs):.2e}"
+    assert abs(our_loss - their_loss) <= 1e-12 * their_loss
+    assert set(our_grads) == set(their_grads)
+    errors = {name: rel(our_grads[name], g) for name, g in their_grads.items()}
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= 1e-10, f"{worst}: {errors[worst]:.2e}"
+    # the dropouts act in training: logits move by far more than rounding
+    assert rel(load_hf(directory, backend=backend).model.train().forward(ids), theirs) > 1e-2
+
+
+def test_the_attention_dropout_goes_out_and_comes_back(gpt2, tmp_path):
+    """Exported as attn_pdrop (GPT-2) and attention_dropout (LLaMA), read back as ours."""
+    from numpy_transformer.export import save_hf
+
+    imported = load_hf(gpt2[1], backend="numpy")
+    save_hf(tmp_path / "gpt2", imported.model)
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "gpt2").attn_pdrop == 0.1
+    assert load_hf(tmp_path / "gpt2").model.config.attn_dropout == 0.1
+    llama = load_hf(saved_llama(tmp_path), backend="numpy").model
+    assert llama.config.attn_dropout == 0.25
+    save_hf(tmp_path / "llama", llama)
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "llama").attention_dropout == 0.25
+
+
+def saved_llama(tmp_path):  # noqa: N802
+    """A small LLaMA saved with attention_dropout=0.25."""
+    config = transformers.LlamaConfig(vocab_size=V, max_position_embeddings=T,
+                                      attention_dropout=0.25, bos_token_id=None,
+                                      eos_token_id=None, pad_token_id=None, **SIZES)
+    transformers.LlamaForCausalLM(config).float().save_pretrained(tmp_path / "llama-in")
+    return tmp_path / "llama-in"
