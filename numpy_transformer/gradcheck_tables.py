@@ -71,6 +71,11 @@ def op_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckReport
     yield lambda: check_op(lambda q, k, v: F.sdpa_forward(q, k, v, padded, F.alibi_bias(2, 4, 4)),
                            F.sdpa_backward, {"q": q, "k": k, "v": v},
                            title="attention (causal + padding + alibi)")
+    drop = F.dropout_mask((2, 2, 4, 4), 0.3, rng, np.float64)  # one fixed mask of the weights
+    yield lambda: check_op(lambda q, k, v: F.sdpa_forward(q, k, v, F.causal_mask(4),
+                                                          dropout=drop),
+                           F.sdpa_backward, {"q": q, "k": k, "v": v},
+                           title="attention (causal, dropout 0.3 on the weights)")
     # grouped-query: 4 query heads read 2 kv heads, so dk, dv sum over each group of 2
     yield lambda: check_op(lambda q, k, v: F.sdpa_forward(q, k, v, padded, F.alibi_bias(4, 4, 4)),
                            F.sdpa_backward, {"q": rng.normal(size=(2, 4, 4, 4)),

@@ -4,8 +4,10 @@ same logits and the same gradients of the loss with respect to every weight.
 GPT-2 with its stock config (``GPT2Config()``'s dropouts of 0.1 on the residuals, the
 embeddings and the attention weights, ``gelu_new``, epsilon 1e-5; only the sizes made small),
 in float64: they act in training only, so the imported model, in eval mode as
-``from_pretrained`` returns it, agrees to float64 rounding (1e-12), and in training mode its
-dropout acts.
+``from_pretrained`` returns it, agrees to float64 rounding (1e-12;
+measured 3.4e-16 in the logits, 9.4e-16 in the worst gradient), and in training mode its
+dropout acts. The loss is computed in float64 on both sides: ``transformers``' own
+(``labels=``) casts the logits to float32 first.
 
 ``LlamaForCausalLM`` with ``num_key_value_heads`` < ``num_attention_heads`` (4 query heads, 2
 kv heads: two groups, so which query head reads which kv head matters), saved with
@@ -186,7 +188,7 @@ def test_a_stock_gpt2_imports_with_its_dropouts_logits_and_gradients(gpt2, backe
     assert set(our_grads) == set(their_grads)
     errors = {name: rel(our_grads[name], g) for name, g in their_grads.items()}
     worst = max(errors, key=errors.get)
-    assert errors[worst] <= 1e-10, f"{worst}: {errors[worst]:.2e}"
+    assert errors[worst] <= 1e-12, f"{worst}: {errors[worst]:.2e}"
     # the dropouts act in training: logits move by far more than rounding
     assert rel(load_hf(directory, backend=backend).model.train().forward(ids), theirs) > 1e-2
 
