@@ -118,16 +118,18 @@ def _ours_step(config: dict, backend: str, threads: int):
     return step
 
 
-def _fused_sdpa(q, k, v, mask=None, bias=None, scale=None):
-    """The twin's ``sdpa`` on PyTorch's fused kernel (causal self-attention, no bias here)."""
+def _fused_sdpa(q, k, v, mask=None, bias=None, scale=None, dropout=None):
+    """The twin's ``sdpa`` on PyTorch's fused kernel (causal self-attention, no bias here;
+    ``dropout``, the twin's ``nn.Dropout`` of the weights, as its ``dropout_p``)."""
     import torch.nn.functional as F
 
     assert bias is None and scale is None
+    p = dropout.p if dropout is not None and dropout.training else 0.0
     t_q, t_k = q.shape[-2], k.shape[-2]
     if mask is not None and t_q == t_k and mask.shape[-2:] == (t_q, t_k) and bool(
             (mask == mask.new_ones(t_q, t_k).tril()).all()):  # the causal mask
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
 
 
 def _torch_step(config: dict, threads: int, fused: bool):

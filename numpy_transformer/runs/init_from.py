@@ -9,8 +9,8 @@ tokenizer.
 The new run takes from the source what its weights need: the model's options (its shape) and
 the tokenizer (characters, which must cover the new text, or a BPE). Everything else is the
 new run's: the text, the steps, the optimiser and its settings (fresh moments, step 0), the
-seed (data order, dropout), and the dtype, backend and dropout rate, which the weights do not
-fix. A model option given
+seed (data order, dropout), and the dtype, backend and dropout rates, which the weights do
+not fix. A model option given
 that differs from the source's is refused, naming each. ``config.json`` records where the run
 started: ``"started_from": {"path", "weights_sha256", "step"}``, the SHA-256 of the weights
 (``data.fingerprint``) as the new run's first step finds them.
@@ -29,7 +29,8 @@ from .options import BY_KEY, MODEL_KEYS, flag, resolve_options, shown
 from .outputs import UsageError
 from .state import Run, model_from_checkpoint
 
-FREE_FIELDS = ("dtype", "backend", "dropout")  # config fields the weights do not fix
+# config fields the weights do not fix
+FREE_FIELDS = ("dtype", "backend", "dropout", "attn_dropout")
 WEIGHTS = "model.safetensors"  # what an exported folder holds (export.WEIGHTS_FILE)
 
 

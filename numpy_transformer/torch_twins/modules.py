@@ -82,7 +82,8 @@ class MultiHeadAttention(nn.Module):
         # query head i reads kv head i // (H / H_kv): (B, H, T_k, D)
         k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
         bias = alibi_bias(h, t_q, t_k, x.dtype) if self.alibi else None
-        o = sdpa(q, k, v, mask, bias, dropout=self.drop)  # (B, H, T_q, D)
+        drop = self.drop if self.drop.p else None  # none at all: no call, no copy
+        o = sdpa(q, k, v, mask, bias, dropout=drop)  # (B, H, T_q, D)
         return self.out_proj(o.transpose(1, 2).reshape(b, t_q, c))
 
 
