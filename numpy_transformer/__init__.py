@@ -33,7 +33,7 @@ def __getattr__(name: str):
     if name in _NN_EXPORTS:
         return getattr(importlib.import_module(".nn", __name__), name)
     if name == "load_run":  # a run folder of numpy-transformer train, back in Python
-        return importlib.import_module(".runs.state", __name__).load_run
+        return importlib.import_module(".runs.stored", __name__).load_run
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -31,7 +31,7 @@ run had one kv head per query head); 5, ``init_from``, ``tokenizer``, ``vocab_si
 ``stats_every`` are recorded (an older run started from its seed, on characters, without
 tensor statistics); 6, the config's ``attn_dropout`` (an older run dropped no attention
 weights). The layout above is the same in all. A file of an older version is read
-as it is; ``runs.state.read_run`` brings its run to today's format (each option a version did
+as it is; ``runs.stored.read_run`` brings its run to today's format (each option a version did
 not record takes the value that reproduces what it did). A file of a newer version is
 refused, naming both versions.
 

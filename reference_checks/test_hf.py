@@ -226,7 +226,7 @@ KV_HEADS = {"gpt2": None, "llama": 2, "llama-gqa": 2}  # num_key_value_heads wri
 @pytest.mark.parametrize("shape", list(CLI_FLAGS))
 def test_a_command_line_run_exports_to_transformers(tmp_path, shape, capsys):
     from numpy_transformer import cli
-    from numpy_transformer.runs.state import model_from_checkpoint
+    from numpy_transformer.runs.stored import model_from_checkpoint
 
     text = tmp_path / "text.txt"
     text.write_text(TEXT * 40, encoding="utf-8")

@@ -14,7 +14,7 @@ from numpy_transformer.checkpoint import load_checkpoint
 from numpy_transformer.corpus import load_corpus
 from numpy_transformer.generate import generate
 from numpy_transformer.runs.folder import read_log
-from numpy_transformer.runs.state import load_run
+from numpy_transformer.runs.stored import load_run
 
 pytest.importorskip("tokenizers")
 from numpy_transformer.bpe import BPETokenizer, tokenizer_from_dict  # noqa: E402

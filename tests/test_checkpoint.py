@@ -14,7 +14,8 @@ from numpy_transformer import checkpoint as ck
 from numpy_transformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from numpy_transformer.nn import DecoderLM, EncoderDecoder, TransformerConfig
 from numpy_transformer.runs.options import resolve_options
-from numpy_transformer.runs.state import Run, read_run, rebuild_run
+from numpy_transformer.runs.state import Run
+from numpy_transformer.runs.stored import read_run, rebuild_run
 from numpy_transformer.train import Batch
 
 

@@ -16,7 +16,7 @@ from _run_helpers import one_line_error, run_cli, small_text
 
 from numpy_transformer.nn import LSTMLM, LSTMConfig
 from numpy_transformer.runs.options import resolve_options
-from numpy_transformer.runs.state import model_from_checkpoint
+from numpy_transformer.runs.stored import model_from_checkpoint
 
 TINY_LSTM = ["--model", "lstm", "--hidden", "12", "--embed", "6", "--context", "16",
              "--batch", "4"]

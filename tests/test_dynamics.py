@@ -9,7 +9,7 @@ from _run_helpers import TINY, run_cli, small_text
 
 from numpy_transformer.plots import loss_figure
 from numpy_transformer.runs.folder import read_log
-from numpy_transformer.runs.state import load_run
+from numpy_transformer.runs.stored import load_run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 CLOCK = ("tokens_per_s", "time")

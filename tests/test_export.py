@@ -34,7 +34,7 @@ from numpy_transformer.nn import (  # noqa: E402
     TransformerConfig,
 )
 from numpy_transformer.optim import Adam, AdamW  # noqa: E402
-from numpy_transformer.runs.state import model_from_checkpoint  # noqa: E402
+from numpy_transformer.runs.stored import model_from_checkpoint  # noqa: E402
 
 V, B, T = 11, 2, 6
 

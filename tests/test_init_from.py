@@ -13,7 +13,7 @@ from numpy_transformer.corpus import load_corpus
 from numpy_transformer.data import fingerprint
 from numpy_transformer.functional.softmax import cross_entropy_forward
 from numpy_transformer.runs.folder import read_log
-from numpy_transformer.runs.state import load_run, read_run, rebuild_run
+from numpy_transformer.runs.stored import load_run, read_run, rebuild_run
 
 # GPT-2's shape, so that the source can also be exported as a Hugging Face folder
 GPT2 = ["--positions", "learned", "--norm", "layernorm", "--activation", "gelu_tanh",

@@ -26,7 +26,7 @@ from numpy_transformer.checkpoint import FORMAT_VERSION, load_checkpoint
 from numpy_transformer.runs.folder import read_log, write_description
 from numpy_transformer.runs.loop import resume_run
 from numpy_transformer.runs.options import OPTIONS, fill_missing
-from numpy_transformer.runs.state import read_run, rebuild_run
+from numpy_transformer.runs.stored import read_run, rebuild_run
 
 FIXTURES = Path(__file__).parent / "fixtures"
 OLD_RUN = FIXTURES / "run_format1"

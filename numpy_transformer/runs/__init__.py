@@ -15,8 +15,11 @@ module imports only those above it in this list, never one below:
 ``folder``
     the run folder: choosing it, refusing to overwrite it, its checkpoint and its log
 ``state``
-    :class:`~.state.Run`, a run in memory, built from options; :func:`~.state.read_run`, the
-    one way a run folder or checkpoint (of any format version read) is read back
+    :class:`~.state.Run`, a run in memory, built from options
+``stored``
+    a run read back from disk: :func:`~.stored.read_run`, the one way a run folder or
+    checkpoint (of any format version read) is read back, the run or its model rebuilt from
+    it, and :func:`~.stored.load_run`, the Python loader
 ``init_from``
     the model a new run starts from (``train --init-from``): its weights, model options and
     tokenizer

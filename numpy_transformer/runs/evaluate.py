@@ -19,7 +19,8 @@ import numpy as np
 
 from ..data import fixed_window_loss, fixed_window_windows, load_text, train_val_split
 from .outputs import UsageError
-from .state import LM_EVAL_BATCH, load_run, training_text
+from .state import LM_EVAL_BATCH, training_text
+from .stored import load_run
 
 
 class Evaluation(NamedTuple):

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..export import export_run, optimizer_of
 from .folder import checkpoint_path
 from .outputs import UsageError, signals_held
-from .state import model_from_checkpoint
+from .stored import model_from_checkpoint
 
 
 def export_checkpoint(target: str | Path, fmt: str, out: str | Path | None = None,

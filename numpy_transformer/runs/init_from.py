@@ -27,7 +27,8 @@ from ..data import CharTokenizer, fingerprint
 from ..nn import LSTMLM, DecoderLM, Module
 from .options import BY_KEY, MODEL_KEYS, flag, resolve_options, shown
 from .outputs import UsageError
-from .state import Run, model_from_checkpoint
+from .state import Run
+from .stored import model_from_checkpoint
 
 # config fields the weights do not fix
 FREE_FIELDS = ("dtype", "backend", "dropout", "attn_dropout")

@@ -45,7 +45,8 @@ from .outputs import (
 )
 from .precompile import precompile
 from .report import BestCheckpoint, has_report, write_report
-from .state import Run, read_run, rebuild_run
+from .state import Run
+from .stored import read_run, rebuild_run
 from .tensorboard import EventLog, check_available, event_log, remove_events
 
 
@@ -86,8 +87,8 @@ def resume_run(run_dir: str | Path, progress: bool = True, steps: int | None = N
     """Continue the run in ``run_dir`` from its checkpoint; returns the exit code.
 
     1. Hold the folder (no other process may train in it).
-    2. Read it (:func:`~.state.read_run`: a run of an older format version is brought to
-       today's, saying what was filled in) and rebuild the run (:func:`~.state.rebuild_run`
+    2. Read it (:func:`~.stored.read_run`: a run of an older format version is brought to
+       today's, saying what was filled in) and rebuild the run (:func:`~.stored.rebuild_run`
        checks that the data and config are still those it was trained with). A folder
        holding only its ``config.json`` (killed before the first save) starts the run from
        step 0.

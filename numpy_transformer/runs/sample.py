@@ -15,7 +15,7 @@ from ..nn import LSTMLM, DecoderLM
 from .folder import checkpoint_path
 from .options import LENGTH
 from .outputs import SAMPLE_PROMPT, UsageError
-from .state import model_from_checkpoint
+from .stored import model_from_checkpoint
 
 
 def default_prompt(tokenizer: CharTokenizer | BPETokenizer) -> str:
