@@ -452,7 +452,7 @@ TRAIN_ANY = {"--seed": st.integers(0, 10 ** 30).map(str),
              "--vocab-size": st.integers(0, 10 ** 30).map(str),
              "--norm-eps": ANY_FLOAT,
              "--lr": ANY_FLOAT, "--weight-decay": ANY_FLOAT, "--clip": ANY_FLOAT,
-             "--dropout": ANY_FLOAT}
+             "--dropout": ANY_FLOAT, "--attn-dropout": ANY_FLOAT}
 SAMPLE_OPTIONS = {"--length": st.one_of(SMALL_INT, HUGE_INT), "--temperature": ANY_FLOAT,
                   "--top-k": st.one_of(SMALL_INT, HUGE_INT), "--top-p": ANY_FLOAT,
                   "--seed": st.integers(0, 10 ** 30).map(str)}

@@ -122,8 +122,8 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None):
 
     Same parameters, returns and errors as
     :func:`numpy_transformer.functional.attention.sdpa_forward`; only the cache differs
-    (``SDPAKernelCache``: the per-row log-sum-exp instead of the probabilities). With
-    ``dropout`` the reference runs, and its cache is returned (see the module docstring).
+    (``SDPAKernelCache``: the per-row log-sum-exp instead of the probabilities); with
+    ``dropout``, the reference's (see the module docstring).
 
     Parameters
     ----------
@@ -145,16 +145,13 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None):
     Raises
     ------
     ValueError
-        If shapes, dtypes, the mask or the bias do not fit (same checks as the reference).
+        If shapes, dtypes, the mask or the bias do not fit (the reference's checks).
 
     Notes
     -----
-    (0) k_h = k[h // G], v_h = v[h // G], G = H / H_kv   (1) s = q k_h^T * scale
-    (2) s += bias   (3) s[~mask] = -inf
-    (4) p = softmax(s) along keys (0 for a fully masked row)   (5) out = p v_h
-    Stored for backward: lse = log sum_j exp(s_j), so that p = exp(s - lse). lse is float64
-    for either input dtype (one number per row): rounded to float32 it would shift every
-    rebuilt p by up to about 1e-6 relative.
+    The reference's equations (0)-(5). Stored for backward: lse = log sum_j exp(s_j), so that
+    p = exp(s - lse); float64 for either dtype (float32 would shift every rebuilt p by up to
+    about 1e-6 relative).
     """
     if dropout is not None:
         return reference.sdpa_forward(q, k, v, mask, bias, scale, dropout)
