@@ -1,6 +1,7 @@
 """``kernels/linear.py`` (rows split over Numba's threads) against ``functional/linear.py``.
 
-The kernel cuts the rows into chunks and adds per-chunk weight gradients at the end, so the
+The kernel cuts the rows into chunks and adds per-chunk weight gradients at the end (a layer
+at least ``_WIDE_COLUMNS`` wide makes them by blocks of columns instead), so the
 tests use enough rows for several chunks (at least ``_MIN_ROWS``, below which the kernel hands
 over to the reference), random upstream gradients, float64 (1e-12) and float32 (1e-5). The
 chunks depend on the number of rows only: one thread and two give the same bits.
@@ -31,7 +32,8 @@ def _problem(shape, c_out, dtype, seed=0, weight_order="C"):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("shape, c_out", [((4, 100, 12), 7), ((1301, 5), 9), ((2, 3, 50, 8), 3)])
+@pytest.mark.parametrize("shape, c_out", [((4, 100, 12), 7), ((1301, 5), 9), ((2, 3, 50, 8), 3),
+                                          ((300, 6), fast._WIDE_COLUMNS + 37)])  # dW by columns
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("weight_order", ["C", "F"])  # "F": a tied output's table.T
 def test_linear_kernel_matches_reference(shape, c_out, dtype, bias, weight_order):
@@ -63,8 +65,10 @@ def test_few_rows_take_the_reference_path_bit_for_bit():
 
 
 @multi_thread
-def test_one_thread_and_two_give_the_same_bits(monkeypatch, parallel_tier):
-    x, w, b, g = _problem((8, 200, 16), 24, np.float32)  # 1600 rows: 4 chunks
+@pytest.mark.parametrize("c_out, backward", [(24, "_backward_kernel"),
+                                             (fast._WIDE_COLUMNS + 37, "_backward_wide_kernel")])
+def test_one_thread_and_two_give_the_same_bits(monkeypatch, parallel_tier, c_out, backward):
+    x, w, b, g = _problem((8, 200, 16), c_out, np.float32)  # 1600 rows: 4 chunks
     calls = []
 
     def spy(name):  # the kernel ``name``, noting each call
@@ -75,7 +79,7 @@ def test_one_thread_and_two_give_the_same_bits(monkeypatch, parallel_tier):
             return kernel(*args)
         return call
 
-    for name in ("_forward_kernel", "_backward_kernel"):
+    for name in ("_forward_kernel", backward):
         monkeypatch.setattr(fast, name, spy(name))
     results = []
     before = numba.get_num_threads()
@@ -86,7 +90,7 @@ def test_one_thread_and_two_give_the_same_bits(monkeypatch, parallel_tier):
             results.append((out, *fast.linear_backward(g, cache)))
     finally:
         numba.set_num_threads(before)
-    assert calls == ["_forward_kernel", "_backward_kernel"] * 2
+    assert calls == ["_forward_kernel", backward] * 2
     for one, two in zip(*results, strict=True):
         np.testing.assert_array_equal(one, two)
     out_r, cache_r = ref.linear_forward(x, w, b)

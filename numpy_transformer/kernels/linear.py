@@ -31,7 +31,9 @@ that of SciPy's, which Numba's ``np.dot`` calls):
     dw = sum_chunks x[rows]^T dout[rows],  db = sum_chunks sum_rows dout[rows]
 
 The weight gradient sums over all rows, so each chunk writes its own partial product and the
-partials are added at the end. The chunks depend only on the number of rows, not on the
+partials are added at the end. (A layer as wide as a vocabulary head makes ``dw`` by blocks of
+columns instead, each one product over all rows: its partials would be copies of a large
+weight.) The chunks depend only on the number of rows, not on the
 thread count, so results are bit-for-bit the same on any number of threads. ``db``
 accumulates in float64. Inputs with fewer than ``_MIN_ROWS`` rows (a generation step) go to
 the reference, one BLAS call: there starting the threads costs more than it saves. On a single
@@ -74,6 +76,11 @@ _MIN_ROWS = 256  # fewer rows: the reference's one BLAS call
 # 10-15% faster than 6 of 128 (OpenBLAS single-threaded: 134 GF/s at 128 rows, 150 at 384)
 _CHUNK_ROWS = 384
 _MAX_CHUNKS = 8
+# A layer at least _WIDE_COLUMNS wide (a vocabulary head) makes dW by blocks of _BLOCK_COLUMNS
+# columns instead, each block one product over all rows: the row chunks' partials would hold
+# `chunks` copies of a weight that large (GPT-2's head, (768, 50304): 2 x 154 MB and their sum)
+_WIDE_COLUMNS = 4096
+_BLOCK_COLUMNS = 1024
 _JIT = jit_options()
 
 
@@ -150,6 +157,28 @@ def _backward_kernel(dout, x, w, has_bias, n_chunks, gemm_fn, dx, dw_part, db_pa
             for i in range(hi - lo):
                 for j in range(g.shape[1]):
                     acc[j] += g[i, j]
+
+
+@tiered(_JIT)
+def _backward_wide_kernel(dout, x, w, has_bias, n_chunks, gemm_fn, dx, dw, db):
+    # pragma: no cover - compiled
+    # dout: (N, C_out), x: (N, C_in), w: (C_in, C_out) -> dx: (N, C_in), dw: (C_in, C_out),
+    # db: (C_out,) float64 zeros
+    n, c_out = dout.shape
+    step = -(-n // n_chunks)
+    # (1) out = x w + b   =>   dx = dout w^T, row chunk by row chunk
+    for c in prange(n_chunks):
+        lo, hi = c * step, min(n, (c + 1) * step)
+        gemm(dout[lo:hi], w.T, dx[lo:hi], gemm_fn)
+    # (1) out = x w + b   =>   dw = x^T dout,  db = sum_N dout, column block by column block
+    for k in prange(-(-c_out // _BLOCK_COLUMNS)):
+        lo, hi = k * _BLOCK_COLUMNS, min(c_out, (k + 1) * _BLOCK_COLUMNS)
+        g = dout[:, lo:hi]
+        gemm(x.T, g, dw[:, lo:hi], gemm_fn)
+        if has_bias:
+            for i in range(n):
+                for j in range(hi - lo):
+                    db[lo + j] += g[i, j]
 
 
 @tiered(_JIT)
@@ -233,14 +262,21 @@ def linear_backward(dout: np.ndarray, cache: LinearCache):
     dout2 = np.ascontiguousarray(dout, dtype=x.dtype).reshape(-1, c_out)  # (N, C_out)
     chunks = _chunks(n)
     dx = np.empty_like(x2)  # (N, C_in)
-    dw_part = np.empty((chunks, c_in, c_out), dtype=x.dtype)
-    db_part = np.zeros((chunks, c_out))
-    with blas_on_calling_thread():
-        _backward_kernel(dout2, x2, w, has_bias, chunks, gemm_address(x.dtype), dx, dw_part,
-                         db_part)
+    if c_out >= _WIDE_COLUMNS:  # dW by column blocks: no per-chunk partials of a large weight
+        dw = np.empty(w.shape, dtype=x.dtype)  # (C_in, C_out), C-contiguous
+        db = np.zeros(c_out)
+        with blas_on_calling_thread():
+            _backward_wide_kernel(dout2, x2, w, has_bias, chunks, gemm_address(x.dtype), dx,
+                                  dw, db)
+    else:
+        dw_part = np.empty((chunks, c_in, c_out), dtype=x.dtype)
+        db_part = np.zeros((chunks, c_out))
+        with blas_on_calling_thread():
+            _backward_kernel(dout2, x2, w, has_bias, chunks, gemm_address(x.dtype), dx,
+                             dw_part, db_part)
+        dw, db = dw_part.sum(axis=0), db_part.sum(axis=0)
     dx = dx.reshape(dout.shape[:-1] + (c_in,))
-    db = db_part.sum(axis=0).astype(x.dtype) if has_bias else None
-    return dx, dw_part.sum(axis=0), db
+    return dx, dw, (db.astype(x.dtype) if has_bias else None)
 
 
 def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int):
