@@ -163,6 +163,9 @@ CASES = {
     "gelu_forward": Case(activations.gelu_forward, _x),
     "gelu_backward": Case(activations.gelu_backward, _backward(activations.gelu_forward, _x),
                           bound=(0,)),
+    "gelu_tanh_forward": Case(activations.gelu_tanh_forward, _x),
+    "gelu_tanh_backward": Case(activations.gelu_tanh_backward,
+                               _backward(activations.gelu_tanh_forward, _x), bound=(0,)),
     "erf_f32": Case(activations.erf_f32, _x),
     "adam_update": Case(_adam_update,  # t = 3 times 7 is a step count as good
                         lambda: (*[a[0] for a in _group(1)], *_ADAM_HYPER, 0.1, 3),

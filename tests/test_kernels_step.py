@@ -176,7 +176,7 @@ def test_cross_entropy_kernel_is_stable_for_huge_logits():
 
 # ------------------------------------------------------------------------------- activations
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["relu", "gelu"])
+@pytest.mark.parametrize("name", ["relu", "gelu", "gelu_tanh"])
 def test_activation_matches_reference(name, dtype):
     rng = np.random.default_rng(5)
     x = (3.0 * rng.standard_normal((4, 9, 13))).astype(dtype)

@@ -76,18 +76,19 @@ _A = 0.044715
 
 
 def gelu_tanh_forward(x: np.ndarray):
-    """Tanh-approximated GELU, ``out = x/2 (1 + tanh(u))`` with ``u = K (x + A x^3)``.
+    """Tanh-approximated GELU, ``out = x/2 (1 + th)`` with ``th = tanh(u)``,
+    ``u = K (x + A x^3)``.
 
-    Returns ``(out, cache)`` with cache ``(x, tanh(u))``, x copied.
+    Returns ``(out, cache)``; the cache is a copy of x, as the exact GELU's (the backward
+    computes ``th`` again: one more tanh instead of a second array kept for every layer).
     """
-    th = np.tanh(_K * (x + _A * x**3))
-    return 0.5 * x * (1.0 + th), (x.copy(), th)
+    return 0.5 * x * (1.0 + np.tanh(_K * (x + _A * x**3))), x.copy()
 
 
-def gelu_tanh_backward(dout: np.ndarray, cache) -> np.ndarray:
+def gelu_tanh_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``d out/dx = (1 + th)/2 + x/2 (1 - th^2) K (1 + 3 A x^2)``."""
-    x, th = cache
     check_shaped("dout", dout, x.shape)
+    th = np.tanh(_K * (x + _A * x**3))  # the forward's tanh(u)
     return dout * (0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * _K * (1.0 + 3.0 * _A * x * x))
 
 

@@ -1,15 +1,18 @@
-"""ReLU and exact GELU in Numba: drop-ins for ``functional/activations.py``'s pairs.
+"""ReLU, exact GELU and tanh GELU in Numba: drop-ins for ``functional/activations.py``'s pairs.
 
 Same contract as the readable reference (checked against it in ``tests/test_kernels_step.py``):
 ``out, cache = relu_forward(x)``, ``dx = relu_backward(dout, cache)``, and the same for
-``gelu_forward`` / ``gelu_backward``; the cache is, as in the reference, ReLU's output (positive
-exactly where x is) and a copy of GELU's input, written in the forward's own pass.
+``gelu_forward`` / ``gelu_backward`` and ``gelu_tanh_forward`` / ``gelu_tanh_backward``; the
+cache is, as in the reference, ReLU's output (positive exactly where x is) and a copy of either
+GELU's input, written in the forward's own pass.
 
 The reference GELU makes six whole-array passes forward (divide, erf, add, multiply, ...) and
 about ten backward (erf and exp again); ReLU's backward builds a boolean mask and multiplies.
 Each kernel here is one parallel pass over the flattened array. GELU in float64 uses
 ``math.erf`` (as exact as the reference); in float32 a vectorisable rational approximation of
-erf, within a few float32 units in the last place (see the note above ``_erf_f32``).
+erf, within a few float32 units in the last place (see the note above ``_erf_f32``). The tanh
+GELU (GPT-2's) calls ``math.tanh`` in float64 and, in float32, tanh through the vectorised exp
+(the note above ``_tanh_f32``).
 
 References
 ----------
@@ -27,10 +30,11 @@ from .._checks import check_shaped
 from ._jit import jit_options
 from ._tiers import tiered
 from ._validate import check_kernel_float
-from .special import exp_shifted
+from .special import exp_clamped, exp_shifted
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
-__all__ = ['relu_forward', 'relu_backward', 'gelu_forward', 'gelu_backward']
+__all__ = ['relu_forward', 'relu_backward', 'gelu_forward', 'gelu_backward',
+           'gelu_tanh_forward', 'gelu_tanh_backward']
 
 # error_model="numpy": x / 0 gives inf or NaN as in NumPy instead of raising ZeroDivisionError;
 # the check for that error kept the compiler from vectorising any loop with a division (5x).
@@ -41,6 +45,25 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 def _flat(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1)
+
+
+def _out_and_copy(x: np.ndarray, kernel_f32, kernel_f64):
+    """``(out, copy of x)``, both written by the forward kernel of x's dtype in one pass."""
+    check_kernel_float("x", x)
+    out, x_own = np.empty(x.shape, dtype=x.dtype), np.empty(x.shape, dtype=x.dtype)
+    kernel = kernel_f32 if x.dtype == np.float32 else kernel_f64
+    kernel(_flat(x), out.reshape(-1), x_own.reshape(-1))
+    return out, x_own
+
+
+def _dx_of_x(dout: np.ndarray, x: np.ndarray, kernel_f32, kernel_f64) -> np.ndarray:
+    """``dx`` from the backward kernel of x's dtype; dout must have x's shape and dtype."""
+    check_kernel_float("x", x)
+    check_shaped("dout", dout, x.shape, x.dtype)
+    dx = np.empty(x.shape, dtype=x.dtype)
+    kernel = kernel_f32 if x.dtype == np.float32 else kernel_f64
+    kernel(_flat(dout), _flat(x), dx.reshape(-1))
+    return dx
 
 
 # ----------------------------------------------------------------------------- ReLU
@@ -159,18 +182,77 @@ def _gelu_backward_f32(dout, x, dx):  # pragma: no cover - compiled
 def gelu_forward(x: np.ndarray):
     """Exact GELU ``x Phi(x)``; returns ``(out, copy of x)`` as
     ``functional.activations.gelu_forward``."""
-    check_kernel_float("x", x)
-    out, x_own = np.empty(x.shape, dtype=x.dtype), np.empty(x.shape, dtype=x.dtype)
-    kernel = _gelu_forward_f32 if x.dtype == np.float32 else _gelu_forward_f64
-    kernel(_flat(x), out.reshape(-1), x_own.reshape(-1))
-    return out, x_own
+    return _out_and_copy(x, _gelu_forward_f32, _gelu_forward_f64)
 
 
 def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``dx = dout (Phi(x) + x phi(x))``; dout must have x's shape and dtype."""
-    check_kernel_float("x", x)
-    check_shaped("dout", dout, x.shape, x.dtype)
-    dx = np.empty(x.shape, dtype=x.dtype)
-    kernel = _gelu_backward_f32 if x.dtype == np.float32 else _gelu_backward_f64
-    kernel(_flat(dout), _flat(x), dx.reshape(-1))
-    return dx
+    return _dx_of_x(dout, x, _gelu_backward_f32, _gelu_backward_f64)
+
+
+# ----------------------------------------------------------------------------- GELU (tanh)
+# out = x/2 (1 + th), th = tanh(u), u = K (x + A x^3); the backward computes th again from the
+# cached x, as the reference does. float32: libm's tanhf, one entry at a time, would not
+# vectorise; tanh(u) = sign(u) (1 - e) / (1 + e) with e = exp(-2 |u|) in (0, 1] takes the
+# vectorised exp. Near u = 0 the subtraction 1 - e loses relative accuracy, not absolute
+# (th is off by a few float32 units of 1): what enters out and dx is 1 + th and 1 - th^2.
+_K = math.sqrt(2.0 / math.pi)  # the reference's constants
+_A = 0.044715
+
+
+@njit(**_JIT)
+def _tanh_f32(u):  # pragma: no cover - compiled
+    # u: float32 scalar -> tanh(u) in float32 arithmetic; NaN stays NaN
+    one = np.float32(1.0)
+    e = exp_clamped(np.float32(-2.0) * abs(u))
+    t = (one - e) / (one + e)
+    return -t if u < 0 else t
+
+
+@tiered(_JIT)
+def _gelu_tanh_forward_f64(x, out, x_own):  # pragma: no cover - compiled
+    for i in prange(x.size):
+        th = math.tanh(_K * (x[i] + _A * x[i] ** 3))  # tanh(u)
+        out[i] = 0.5 * x[i] * (1.0 + th)  # x/2 (1 + th)
+        x_own[i] = x[i]  # the cache's copy
+
+
+@tiered(_JIT)
+def _gelu_tanh_backward_f64(dout, x, dx):  # pragma: no cover - compiled
+    for i in prange(x.size):
+        th = math.tanh(_K * (x[i] + _A * x[i] ** 3))  # the forward's tanh(u)
+        # d out/dx = (1 + th)/2 + x/2 (1 - th^2) K (1 + 3 A x^2)
+        dx[i] = dout[i] * (0.5 * (1.0 + th) + 0.5 * x[i] * (1.0 - th * th) * _K
+                           * (1.0 + 3.0 * _A * x[i] * x[i]))
+
+
+@tiered(_JIT)
+def _gelu_tanh_forward_f32(x, out, x_own):  # pragma: no cover - compiled
+    half, one, k, a = np.float32(0.5), np.float32(1.0), np.float32(_K), np.float32(_A)
+    for i in prange(x.size):
+        th = _tanh_f32(k * (x[i] + a * x[i] * x[i] * x[i]))  # tanh(u)
+        out[i] = half * x[i] * (one + th)  # x/2 (1 + th)
+        x_own[i] = x[i]  # the cache's copy
+
+
+@tiered(_JIT)
+def _gelu_tanh_backward_f32(dout, x, dx):  # pragma: no cover - compiled
+    half, one, k, a = np.float32(0.5), np.float32(1.0), np.float32(_K), np.float32(_A)
+    three_a = np.float32(3.0 * _A)
+    for i in prange(x.size):
+        th = _tanh_f32(k * (x[i] + a * x[i] * x[i] * x[i]))  # the forward's tanh(u)
+        # d out/dx = (1 + th)/2 + x/2 (1 - th^2) K (1 + 3 A x^2)
+        dx[i] = dout[i] * (half * (one + th) + half * x[i] * (one - th * th) * k
+                           * (one + three_a * x[i] * x[i]))
+
+
+def gelu_tanh_forward(x: np.ndarray):
+    """Tanh GELU ``x/2 (1 + tanh(K (x + A x^3)))``; returns ``(out, copy of x)`` as
+    ``functional.activations.gelu_tanh_forward``."""
+    return _out_and_copy(x, _gelu_tanh_forward_f32, _gelu_tanh_forward_f64)
+
+
+def gelu_tanh_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``dx = dout ((1 + th)/2 + x/2 (1 - th^2) K (1 + 3 A x^2))``; dout must have x's shape
+    and dtype."""
+    return _dx_of_x(dout, x, _gelu_tanh_backward_f32, _gelu_tanh_backward_f64)
