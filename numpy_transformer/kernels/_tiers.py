@@ -16,7 +16,7 @@ Both tiers give the same bits: every kernel splits its work by rows, blocks or h
 the thread count, and a reduction across work items sums per item and adds the items' sums in
 order afterwards (``tests/test_tiers.py`` trains models switching tiers at different steps,
 and shows that a ``prange`` sum, which Numba splits by thread, would be caught). So a process
-may run any kernel on either tier at any time. The 24 ``prange`` loops, by how they split:
+may run any kernel on either tier at any time. The 30 ``prange`` loops, by how they split:
 
 * one entry or one row per item, nothing summed across items: the activations (``x.size``
   entries, or blocks of ``_BLOCK``), the embedding's lookup, the cross-entropy (rows), the
@@ -25,6 +25,8 @@ may run any kernel on either tier at any time. The 24 ``prange`` loops, by how t
   backwards (``dw_part``), the linear and feed-forward kernels (chunks counted from the rows,
   ``linear._chunks``; ``dw_part``, ``db_part``), the LSTM (chunks of sequences, ``db_part``),
   Adam (blocks of each parameter; no sum);
+* blocks of columns, each summed over all rows in order: a vocabulary-wide linear layer's dW
+  and db (``linear._BLOCK_COLUMNS``);
 * the attention: (batch, query block, head) items forward; backward (batch, chunk, head)
   items, the chunks counted from the shape (``attention._BACKWARD_ITEMS``), their dk, dv
   added in order by the caller.
