@@ -112,6 +112,7 @@ def argv_of(draw, command: str, fixed=()):
 @pytest.fixture(scope="module")
 def runs_made(tmp_path_factory):
     """A finished tiny LM run and a tiny LSTM run, made once and copied into each example."""
+    pytest.importorskip("safetensors")  # the export state (the hf extra; CI installs it)
     tmp = tmp_path_factory.mktemp("properties")
     text = small_text(tmp)
     for name, model in (("lm", []), ("lstm", ["--model", "lstm", "--hidden", "8", "--embed",

@@ -40,7 +40,11 @@ def rows() -> dict:
 
 
 def _twins():
-    return pytest.importorskip("numpy_transformer.torch_twins", exc_type=ImportError)
+    """The PyTorch twins; a skip where torch (the torch extra, which CI installs) is missing."""
+    pytest.importorskip("torch")
+    from numpy_transformer import torch_twins
+
+    return torch_twins
 
 
 def missing_parts_of_activation(name: str, rows: dict) -> list[str]:
