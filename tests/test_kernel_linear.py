@@ -119,11 +119,20 @@ def test_linear_kernel_rejects_bad_input_as_the_reference():
         fast.linear_forward(x.astype(np.int64), w, b)
 
 
-def test_linear_module_on_the_kernel_passes_gradcheck():
+@pytest.mark.parametrize("wide", [False, True])
+def test_linear_module_on_the_kernel_passes_gradcheck(monkeypatch, wide):
+    """Both backward kernels against central differences; ``wide`` lowers the width from
+    which dW is made by column blocks (a vocabulary head's path) to this layer's 5."""
+    calls = []
+    kernel = fast._backward_wide_kernel
+    monkeypatch.setattr(fast, "_backward_wide_kernel", lambda *a: calls.append(1) or kernel(*a))
+    if wide:
+        monkeypatch.setattr(fast, "_WIDE_COLUMNS", 5)
     rng = np.random.default_rng(3)
     layer = Linear(6, 5, dtype=np.float64, rng=rng, backend="numba")
     x = rng.standard_normal((2, 150, 6))  # 300 rows: several chunks
     assert_gradcheck(check_module(layer, {"x": x}), layer)
+    assert bool(calls) == wide
 
 
 def test_gradcheck_catches_a_wrong_last_chunk(monkeypatch):

@@ -22,7 +22,7 @@ from numpy_transformer.functional import activations as ref_act
 from numpy_transformer.functional import embedding as ref_emb
 from numpy_transformer.functional import norms as ref_norms
 from numpy_transformer.functional import softmax as ref_softmax
-from numpy_transformer.gradcheck import check_module
+from numpy_transformer.gradcheck import check_module, check_op
 from numpy_transformer.kernels import activations as fast_act
 from numpy_transformer.kernels import embedding as fast_emb
 from numpy_transformer.kernels import norms as fast_norms
@@ -187,6 +187,13 @@ def test_activation_matches_reference(name, dtype):
     assert_close("out", out_f, out_r, dtype)
     assert_close("dx", getattr(fast_act, name + "_backward")(g, cache_f),
                  getattr(ref_act, name + "_backward")(g, cache_r), dtype)
+
+
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh"])
+def test_gelu_kernels_pass_the_finite_difference_check(name):
+    x = 2.0 * np.random.default_rng(7).standard_normal((4, 9, 13))  # float64
+    forward, backward = (getattr(fast_act, f"{name}_{part}") for part in ("forward", "backward"))
+    assert check_op(forward, backward, {"x": x}).ok(1e-6)
 
 
 def test_float32_erf_approximation_is_within_a_few_units_in_the_last_place():
