@@ -118,11 +118,19 @@ class Trainer:
         self.model.backward(dlogits)
         return loss
 
-    def step(self, batch: Batch) -> StepRecord:
+    def step(self, batch: Batch, steps_left: int | None = None) -> StepRecord:
         """One full optimisation step; returns its log record.
 
         Its start is a step boundary: kernels whose parallel tier a background process has
         compiled meanwhile run it from here on (``kernels/_tiers.py``).
+
+        Parameters
+        ----------
+        batch : Batch
+        steps_left : int, optional
+            The steps the run makes from this one on, this one included, where the caller
+            knows them (the command line, :meth:`fit`): a run about to end then starts no
+            background compile of the parallel tier, which its end would only kill.
 
         Raises
         ------
@@ -132,7 +140,7 @@ class Trainer:
         start = time.perf_counter()
         tiers = sys.modules.get(_TIERS)
         if tiers is not None:
-            tiers.poll()
+            tiers.poll(steps_left)
         step = self.step_count + 1
         loss = self.loss_and_grads(batch)
         params, grads = self.named_arrays()
@@ -160,8 +168,8 @@ class Trainer:
         """Run one step per batch (``total`` of them, for the progress line); call ``on_step``
         after each step. Returns the loss log."""
         bar = ProgressBar(total) if progress else None
-        for batch in batches:
-            record = self.step(batch)
+        for i, batch in enumerate(batches):
+            record = self.step(batch, steps_left=total - i)
             if bar:
                 bar.update(record)
             if on_step:

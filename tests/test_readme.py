@@ -126,10 +126,13 @@ def test_the_block_finder_sees_every_bash_fence_and_its_marker():
 
 
 def test_a_broken_command_fails_its_block(tmp_path):
-    # negative control: the first command of the tour with an option it refuses
+    # negative control: the tour's block headed by its sample command with an option that
+    # command refuses (at the head, so that the block stops before it trains anything)
     _, line, _, body = next(b for b in BLOCKS if "--top-k 20" in b[3])
-    broken = run_bash_block(body.replace("--top-k 20", "--top-k -1"), tmp_path)
+    sample = next(c for c in body.splitlines() if "--top-k 20" in c)
+    broken = run_bash_block(f"{sample.replace('--top-k 20', '--top-k -1')}\n{body}", tmp_path)
     assert broken.returncode == 2 and "--top-k" in broken.stderr, line
+    assert not (tmp_path / "runs").exists(), line  # it stopped there
 
 
 @pytest.mark.parametrize("doc, line, marker, body", BLOCKS,

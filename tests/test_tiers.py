@@ -240,6 +240,37 @@ print(json.dumps([_tiers.describe(), sorted(set(out.tolist()))]))
 """
 
 
+SHORT_RUN = r"""
+import json, time
+import numpy as np
+from numpy_transformer.kernels import _tiers
+from tiny_kernel import thread_ids
+_tiers.COMPILER = ("import sys; from numpy_transformer.kernels._tiers import "
+                   "exit_with_parent; sys.stdin.buffer.readline(); exit_with_parent(); "
+                   "import time; time.sleep(120)")
+started = []
+thread_ids(np.zeros(100, np.int64))  # the first step: the serial tier, its signature waits
+for steps_left in (10**9, 100, 1000):  # the step before the first boundary compiled: untimed
+    _tiers.poll(steps_left)
+    started.append(_tiers.background_compiler() is not None)
+    time.sleep(0.05)  # a step of 0.05 s: 100 more take 5 s, 1000 take 50
+print(json.dumps(started))
+"""
+
+
+@needs_two_threads
+def test_a_run_about_to_end_starts_no_compiler(tmp_path):
+    (tmp_path / "tiny_kernel.py").write_text(THREAD_IDS)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{PACKAGE_PARENT}",
+           "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", SHORT_RUN], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert _tiers.BACKGROUND_MIN_SECONDS == 10.0  # the 5 s and 50 s above straddle it
+    # not after a step that compiled, nor with 5 s left; with 50 s left it starts
+    assert json.loads(proc.stdout.splitlines()[-1]) == [False, False, True]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

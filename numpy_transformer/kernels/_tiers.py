@@ -42,7 +42,10 @@ Which tier runs (:func:`set_tier`)
   compiles the remembered signatures' parallel tier into the cache (on one thread there is
   nothing to gain and none starts); each kernel goes parallel at the first step boundary
   after its parallel tier is in the cache. A second run finds them in the cache and runs
-  parallel from its first call.
+  parallel from its first call. A caller that knows how many steps its run has left (the
+  command line's training loop, ``Trainer.fit``) passes them to :func:`poll`: a run that ends
+  within ``BACKGROUND_MIN_SECONDS`` of the boundary, judged by the last step that compiled
+  nothing, starts no compiler, which its end would only kill.
 * ``"serial"``: tier 1 only (the command line's compile workers, ``runs/precompile.py``).
 * ``"parallel"``: tier 2 only, compiled in this process where the cache lacks it (the
   background compiler).
@@ -77,6 +80,11 @@ SERIAL, AUTO, PARALLEL = "serial", "auto", "parallel"
 TIERS = (SERIAL, AUTO, PARALLEL)
 SERIAL_SUFFIX = "__serial"
 POLL_SECONDS = 1.0  # how often a step boundary looks for the compiler's finished kernels
+# A run ending sooner than this after a step boundary starts no background compiler: its own
+# start (an interpreter, NumPy, Numba) takes about 1.5 s and the parallel tier of even the
+# chapter's small model tens of seconds, so the run's end would kill it having cached little
+# or nothing (the test suite's short command-line runs spent about 100 s of CPU that way)
+BACKGROUND_MIN_SECONDS = 10.0
 # The background compiler imports this very package, first on its path (not another copy that
 # the working directory may hold: its kernels would go to another cache)
 COMPILER = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); "
@@ -177,8 +185,11 @@ class _State:
         self.compiling: dict[TieredKernel, list[tuple]] = {}  # the running compiler's job
         self.looked = 0.0  # time.monotonic() when the cache was last looked at
         self.failed: str | None = None  # how the last compiler ended, if it failed
+        self.boundary: float | None = None  # time.monotonic() at the last step boundary
+        self.remembered = False  # whether a kernel fell back to its serial tier since then
 
     def remember(self, kernel: TieredKernel, signature: tuple) -> None:
+        self.remembered = True  # this step compiled or loaded the serial tier: not timed
         waiting = self.missing.get(kernel, [])
         if (id(kernel), signature) not in self.sent and signature not in waiting:
             self.missing[kernel] = [*waiting, signature]
@@ -210,10 +221,16 @@ def set_background(enabled: bool) -> None:
         stop_background()
 
 
-def poll() -> None:
+def poll(steps_left: int | None = None) -> None:
     """A step boundary: kernels whose parallel tier is now in the cache go parallel (looked
     up at most every ``POLL_SECONDS`` while the background compiler runs, and when it ends);
-    if signatures are waiting and no compiler runs, one starts."""
+    if signatures are waiting and no compiler runs, one starts, unless ``steps_left`` (the
+    steps the run makes from here, this one included, where the caller knows them) would
+    take less than ``BACKGROUND_MIN_SECONDS`` at the pace of the last step, or no step that
+    compiled nothing has been timed yet."""
+    now = time.monotonic()
+    step_seconds = None if _state.boundary is None or _state.remembered else now - _state.boundary
+    _state.boundary, _state.remembered = now, False
     compiler = _state.compiler
     if compiler is not None:
         ended = compiler.poll() is not None
@@ -230,7 +247,9 @@ def poll() -> None:
                 _state.failed = f"exit status {compiler.returncode}" + "".join(
                     f": {line}" for line in last)
             _end_compiler()
-    if (_state.compiler is None and _state.missing and _state.mode == AUTO
+    long_enough = steps_left is None or (
+        step_seconds is not None and steps_left * step_seconds >= BACKGROUND_MIN_SECONDS)
+    if (_state.compiler is None and _state.missing and _state.mode == AUTO and long_enough
             and _state.background and _state.failed is None and numba.get_num_threads() > 1):
         _start_compiler()
 

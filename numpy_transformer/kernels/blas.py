@@ -163,14 +163,14 @@ def _fortran_gemm(typingctx, fn, trans_a, trans_b, m, n, k, alpha, a, lda, b, ld
 
 
 @njit(**_JIT)
-def _layout(x):
-    # (CBLAS transpose flag, leading dimension) of a 2-D operand whose rows (row major) or
-    # columns (its transpose) are contiguous and do not overlap
-    unit = x.itemsize
-    if x.strides[1] == unit and (x.shape[0] <= 1 or x.strides[0] >= x.shape[1] * unit):
-        return _NO_TRANS, max(x.strides[0] // unit, x.shape[1], 1)
-    if x.strides[0] == unit and (x.shape[1] <= 1 or x.strides[1] >= x.shape[0] * unit):
-        return _TRANS, max(x.strides[1] // unit, x.shape[0], 1)
+def _layout(rows, cols, row_stride, col_stride, unit):
+    # (CBLAS transpose flag, leading dimension) of a 2-D operand (rows, cols), with these
+    # strides in bytes and items of `unit` bytes, whose rows (row major) or columns (its
+    # transpose) are contiguous and do not overlap
+    if col_stride == unit and (rows <= 1 or row_stride >= cols * unit):
+        return _NO_TRANS, max(row_stride // unit, cols, 1)
+    if row_stride == unit and (cols <= 1 or col_stride >= rows * unit):
+        return _TRANS, max(col_stride // unit, rows, 1)
     raise ValueError("gemm: an operand has neither contiguous rows nor contiguous columns")
 
 
@@ -192,16 +192,19 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, fn: int, accumulate: boo
         raise ValueError(f"gemm: no BLAS for this dtype (fn = {fn!r})")
     if fn not in (gemm_address(out.dtype), gemm_address(out.dtype, False)):
         raise ValueError(f"gemm: fn must be gemm_address({out.dtype}), got {fn}")
-    for x in (a, b, out):
-        _layout(x)  # the compiled test, on its own: raises ValueError for a layout BLAS cannot take
-    if _layout(out)[0] != _NO_TRANS:
+    for x in (a, b, out):  # the compiled test, on its own: ValueError for a layout BLAS cannot take
+        _layout(*x.shape, *x.strides, x.itemsize)
+    if _layout(*out.shape, *out.strides, out.itemsize)[0] != _NO_TRANS:
         raise ValueError("gemm: out must have contiguous rows")
     _gemm(a, b, out, fn, bool(accumulate))
 
 
 # Compiled kernels call the overload's implementation below, compiled once per layout of the
-# three arrays; a wrapper around a second compiled function cost one more compilation for
-# each of them (about 0.15 s apiece on a cold cache). ``_gemm`` is the entry from Python.
+# three arrays ("C", "F" or "A" each). It only takes the arrays apart into addresses, shapes
+# and strides for `_gemm_strided`, which does the work and compiles once per dtype: the default
+# run's products, of five layouts, compiled for 1.30-1.54 s on an empty cache with the work in
+# the implementation itself, and for 0.80-0.87 s so (`benchmarks/README.md`). ``_gemm`` is the
+# entry from Python.
 @overload(gemm, jit_options=_JIT)
 def _gemm_in_compiled_code(a, b, out, fn, accumulate=False):
     def impl(a, b, out, fn, accumulate=False):  # pragma: no cover - compiled
@@ -211,23 +214,32 @@ def _gemm_in_compiled_code(a, b, out, fn, accumulate=False):
         if (a.shape[1] != b.shape[0] or out.shape[0] != a.shape[0]
                 or out.shape[1] != b.shape[1]):
             raise ValueError("gemm: shapes do not match")
-        trans_a, lda = _layout(a)
-        trans_b, ldb = _layout(b)
-        trans_out, ldc = _layout(out)
-        if trans_out != _NO_TRANS:
-            raise ValueError("gemm: out must have contiguous rows")
-        one, beta = out.dtype.type(1), out.dtype.type(1 if accumulate else 0)
-        if fn > 0:  # NumPy's CBLAS, row major
-            _cblas_gemm(fn, trans_a, trans_b, out.shape[0], out.shape[1], a.shape[1], one,
-                        a.ctypes.data, lda, b.ctypes.data, ldb, beta, out.ctypes.data, ldc)
-        elif fn < 0:  # SciPy's Fortran gemm, column major: out^T = b^T a^T
-            _fortran_gemm(-fn, _CHAR[trans_b - _NO_TRANS], _CHAR[trans_a - _NO_TRANS],
-                          out.shape[1], out.shape[0], a.shape[1], one, b.ctypes.data, ldb,
-                          a.ctypes.data, lda, beta, out.ctypes.data, ldc)
-        else:
-            raise ValueError("gemm: no BLAS for this dtype")
+        _gemm_strided(fn, out.shape[0], out.shape[1], a.shape[1], out.dtype.type(1),
+                      (a.ctypes.data, a.strides[0], a.strides[1]),
+                      (b.ctypes.data, b.strides[0], b.strides[1]),
+                      out.dtype.type(1 if accumulate else 0),
+                      (out.ctypes.data, out.strides[0], out.strides[1]), out.itemsize)
 
     return impl
+
+
+@njit(**_JIT)
+def _gemm_strided(fn, m, n, k, alpha, a, b, beta, c, unit):  # pragma: no cover - compiled
+    # c = alpha a b + beta c, BLAS's own equation, for a (M, K), b (K, N), c (M, N), each
+    # given as (address, row stride, column stride), strides in bytes of items of `unit`
+    trans_a, lda = _layout(m, k, a[1], a[2], unit)
+    trans_b, ldb = _layout(k, n, b[1], b[2], unit)
+    trans_c, ldc = _layout(m, n, c[1], c[2], unit)
+    if trans_c != _NO_TRANS:
+        raise ValueError("gemm: out must have contiguous rows")
+    if fn > 0:  # NumPy's CBLAS, row major
+        _cblas_gemm(fn, trans_a, trans_b, m, n, k, alpha, a[0], lda, b[0], ldb, beta, c[0],
+                    ldc)
+    elif fn < 0:  # SciPy's Fortran gemm, column major: c^T = b^T a^T
+        _fortran_gemm(-fn, _CHAR[trans_b - _NO_TRANS], _CHAR[trans_a - _NO_TRANS], n, m, k,
+                      alpha, b[0], ldb, a[0], lda, beta, c[0], ldc)
+    else:
+        raise ValueError("gemm: no BLAS for this dtype")
 
 
 @njit(**_JIT)

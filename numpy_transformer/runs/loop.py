@@ -177,7 +177,8 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
                     event_log(run_dir, o["tensorboard"], trainer.step_count) as events:
                 log = _Log(file, events)
                 while trainer.step_count < steps and stop.signum is None and not best.stop:
-                    r = trainer.step(run.batch(trainer.step_count))
+                    r = trainer.step(run.batch(trainer.step_count),
+                                     steps_left=steps - trainer.step_count)
                     _log_step(log, r, trainer)
                     if bar:
                         bar.update(r)
