@@ -240,6 +240,9 @@ def _gathered_t(src, rows, scale, scratch):
 # in one block, attention forward and backward took 15% less time than with whole products).
 _SMALL_PRODUCT = 1_000_000
 _DIAG_KEYS = 32
+# The loops over the pieces start from np.intp(0), not 0: Numba types a while loop's first call
+# with the literal 0 as an argument of its own type, Literal[int](0), and compiled
+# _next_piece and _first_row a second time for it
 
 
 @njit(**_JIT)
@@ -273,7 +276,7 @@ def _next_piece(j0, k_hi, i0, n, d, t_q, t_k, causal):
 def _scores_t(a, b_t, out, i0, n, t_q, t_k, causal, fn):
     # out[j, r] = a[j] . b_t[:, r] where query r sees key j: the visible part of the product
     # a b_t.  a: (k_hi, D), b_t: (D, n), out: (k_hi, n), its hidden entries left as they were
-    j0 = 0
+    j0 = np.intp(0)  # not the literal 0: see the note above _key_piece
     while j0 < out.shape[0]:
         j1, r0 = _next_piece(j0, out.shape[0], i0, n, a.shape[1], t_q, t_k, causal)
         gemm(a[j0:j1], b_t[:, r0:], out[j0:j1, r0:], fn)
@@ -284,7 +287,7 @@ def _scores_t(a, b_t, out, i0, n, t_q, t_k, causal, fn):
 def _keys_product(p_t, x, out, i0, n, t_q, t_k, causal, fn):
     # out += p_t x, with p_t zero where hidden (those terms are skipped).
     # p_t: (k_hi, n), x: (n, D), out: (k_hi, D)
-    j0 = 0
+    j0 = np.intp(0)  # not the literal 0: see the note above _key_piece
     while j0 < out.shape[0]:
         j1, r0 = _next_piece(j0, out.shape[0], i0, n, x.shape[1], t_q, t_k, causal)
         gemm(p_t[j0:j1, r0:], x[r0:], out[j0:j1], fn, True)
@@ -296,7 +299,7 @@ def _queries_product(e_t, x, out, i0, n, t_q, t_k, causal, fn):
     # out = e_t^T x, summed over the pieces of keys, with e_t zero where hidden (those terms
     # are skipped).  e_t: (k_hi, n), x: (k_hi, D), out: (n, D)
     out[:] = 0.0
-    j0 = 0
+    j0 = np.intp(0)  # not the literal 0: see the note above _key_piece
     while j0 < e_t.shape[0]:
         j1, r0 = _next_piece(j0, e_t.shape[0], i0, n, x.shape[1], t_q, t_k, causal)
         gemm(e_t[j0:j1, r0:].T, x[j0:j1], out[r0:], fn, True)
@@ -413,8 +416,8 @@ def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, 
                           has_mask, bias, bstr, has_bias, n_threads, n_chunks, fn,
                           dq, dk, dv, dk_part, dv_part):  # pragma: no cover - compiled
     # Backward of (5)-(1) with p rebuilt from lse; mirrors functional/attention.sdpa_backward.
-    # dout, q, out: (B, H, T_q, D), any strides; k, v: (B, H, T_k, D) C-contiguous (the
-    # forward's); lse: (B, H, T_q)
+    # dout: (B, H, T_q, D) C-contiguous (the wrapper's); q, out: (B, H, T_q, D), any
+    # strides; k, v: (B, H, T_k, D) C-contiguous (the forward's); lse: (B, H, T_q)
     # -> dq: (B, H, T_q, D), dk, dv: (B, H, T_k, D), any strides. With n_chunks > 1 a head's
     # query blocks are shared out: chunk c leaves its sums in dk_part, dv_part[b, h, c]
     # (T_k, D) for the caller to add; with n_chunks == 1 dk_part, dv_part are unused.

@@ -93,11 +93,6 @@ class SDPAKernelCache(NamedTuple):
     kv_heads: int  # H_kv of the caller's k and v: the backward sums dk, dv over G = H / H_kv
 
 
-def _writeable(x: np.ndarray) -> np.ndarray:
-    """x, or a copy if read-only (Numba compiles read-only arrays as a separate type)."""
-    return x if x.flags.writeable else x.copy()
-
-
 def _own_heads(x: np.ndarray, heads: int) -> np.ndarray:
     """(0) A C-contiguous copy of x (B, H_kv, T, D) with one head per query head, (B, H, T, D).
 
@@ -225,7 +220,9 @@ def sdpa_backward(dout, cache: SDPAKernelCache):
     check_sdpa_grads(dout, cache.q)
     b, h, t_q, t_k, d = cache.shape
     dtype = cache.q.dtype
-    dout = _writeable(dout)
+    # C-contiguous and writeable, whatever the caller passes (a merged-heads view, a
+    # read-only array): one signature of the kernel, whose gathers of dout compiled twice
+    dout = np.ascontiguousarray(dout) if dout.flags.writeable else dout.copy()
     # at least _BACKWARD_ITEMS work items where the query blocks allow: one chunk per head
     # unless there are few heads. A count of the shape alone, not of the threads: the chunks'
     # sums then give the same bits on any thread count, and on both tiers (kernels/_tiers.py)
