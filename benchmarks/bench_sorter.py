@@ -137,12 +137,9 @@ def worker(variant: str, threads: int, steps: int) -> None:
         torch.set_num_threads(threads)
         result = run_torch(variant == "torch-sdpa", steps)
     else:
-        import numba
+        from numpy_transformer.bench.train_step import steady_state
 
-        from numpy_transformer.allocator import reuse_freed_memory
-
-        numba.set_num_threads(threads)
-        reuse_freed_memory()  # as the command line does (numpy_transformer/allocator.py)
+        steady_state(threads)
         result = run_ours(variant, steps)
     result["maxrss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(result), flush=True)

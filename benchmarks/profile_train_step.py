@@ -37,15 +37,12 @@ import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import numba  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numpy_transformer import backend as backend_module  # noqa: E402
 from numpy_transformer import optim, schedules, train  # noqa: E402
-from numpy_transformer.allocator import reuse_freed_memory  # noqa: E402
 from numpy_transformer.bench.configs import CONFIGS  # noqa: E402
 from numpy_transformer.bench.sgemm import product_seconds  # noqa: E402
-from numpy_transformer.bench.train_step import _batches  # noqa: E402
+from numpy_transformer.bench.train_step import _batches, steady_state  # noqa: E402
 from numpy_transformer.nn import DecoderLM, TransformerConfig  # noqa: E402
 from numpy_transformer.nn import attention as nn_attention  # noqa: E402
 
@@ -131,8 +128,7 @@ def main() -> None:
     backends = args.backends.split(",")
     if not set(backends) <= {"numpy", "numba"}:
         parser.error(f"--backends {args.backends}: choose from numpy, numba")
-    numba.set_num_threads(args.threads)
-    reuse_freed_memory()  # as the command line does (numpy_transformer/allocator.py)
+    steady_state(args.threads)  # the kernels' parallel tier, as the benchmarks time it
     config = CONFIGS[args.config]
     instrument()
     train.clip_grad_norm = timed("clip", train.clip_grad_norm)

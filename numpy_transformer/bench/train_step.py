@@ -46,7 +46,8 @@ variant's first loss, which must agree across frameworks.
 The main process asks the workers in turn for a few steps at a time (``--rounds`` rounds), so
 a burst of load from other jobs hits every variant alike. A step is timed with
 ``time.perf_counter`` around the whole step; the table gives the median over all measured
-steps after ``--warmup`` warm-up steps (which also load the compiled Numba kernels), the
+steps after ``--warmup`` warm-up steps (which also load the kernels' parallel tier, or
+compile it where the cache lacks it: :func:`steady_state`), the
 ratio ours / torch at the same thread count, and the effective GFLOP/s (:func:`step_flops`
 over the median step) as a fraction of the rate of the step's own matrix products on this
 machine's BLAS, measured in the same run before, between and after the rounds, while the
@@ -97,17 +98,30 @@ def _model(config: dict, **overrides):
     return DecoderLM(TransformerConfig(**kw))
 
 
-def _ours_step(config: dict, backend: str, threads: int):
+def steady_state(threads: int) -> None:
+    """Set up a process that times our steps: ``threads`` Numba threads, freed memory kept
+    for the next step as the command line keeps it (``numpy_transformer/allocator.py``), and
+    every kernel on its parallel tier (``kernels/_tiers.py``), compiled in the warm-up where
+    the cache lacks it. A measured step then never runs the serial tier, nor beside the
+    background compiler that the default tier starts at the second step on such a cache."""
     import numba
-    import numpy as np
 
     from ..allocator import reuse_freed_memory
+    from ..kernels._tiers import PARALLEL, set_tier
+
+    numba.set_num_threads(threads)
+    reuse_freed_memory()
+    set_tier(PARALLEL)
+
+
+def _ours_step(config: dict, backend: str, threads: int):
+    import numpy as np
+
     from ..optim import Adam
     from ..schedules import constant_lr
     from ..train import Batch, Trainer
 
-    numba.set_num_threads(threads)
-    reuse_freed_memory()  # as the command line does (numpy_transformer/allocator.py)
+    steady_state(threads)
     model = _model(config, backend=backend)
     trainer = Trainer(model, Adam(lr=1e-3, backend=backend), constant_lr(1e-3), clip=1.0)
     data = [Batch((np.asarray(x),), np.asarray(y)) for x, y in _batches(config)]
