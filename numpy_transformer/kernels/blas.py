@@ -202,9 +202,9 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, fn: int, accumulate: boo
 # Compiled kernels call the overload's implementation below, compiled once per layout of the
 # three arrays ("C", "F" or "A" each). It only takes the arrays apart into addresses, shapes
 # and strides for `_gemm_strided`, which does the work and compiles once per dtype: the default
-# run's products, of five layouts, compiled for 1.30-1.54 s on an empty cache with the work in
-# the implementation itself, and for 0.80-0.87 s so (`benchmarks/README.md`). ``_gemm`` is the
-# entry from Python.
+# run's products, of five layouts, compiled for 1.23-1.61 s on an empty cache with the work in
+# the implementation itself, and for 0.71-0.87 s so (four runs each; `benchmarks/README.md`).
+# ``_gemm`` is the entry from Python.
 @overload(gemm, jit_options=_JIT)
 def _gemm_in_compiled_code(a, b, out, fn, accumulate=False):
     def impl(a, b, out, fn, accumulate=False):  # pragma: no cover - compiled
