@@ -192,9 +192,9 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, fn: int, accumulate: boo
         raise ValueError(f"gemm: no BLAS for this dtype (fn = {fn!r})")
     if fn not in (gemm_address(out.dtype), gemm_address(out.dtype, False)):
         raise ValueError(f"gemm: fn must be gemm_address({out.dtype}), got {fn}")
-    for x in (a, b, out):  # the compiled test, on its own: ValueError for a layout BLAS cannot take
-        _layout(*x.shape, *x.strides, x.itemsize)
-    if _layout(*out.shape, *out.strides, out.itemsize)[0] != _NO_TRANS:
+    # the compiled test, on its own: ValueError for a layout BLAS cannot take
+    layouts = [_layout(*x.shape, *x.strides, x.itemsize) for x in (a, b, out)]
+    if layouts[2][0] != _NO_TRANS:
         raise ValueError("gemm: out must have contiguous rows")
     _gemm(a, b, out, fn, bool(accumulate))
 
