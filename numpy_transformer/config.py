@@ -33,8 +33,8 @@ BACKENDS = ("numpy", "numba")  # numpy_transformer.backend builds each one's ope
 # The modules of numpy_transformer/kernels whose ``__all__`` the "numba" backend lays over the
 # references (kernels under their references' names); every other file of that folder is a
 # helper the kernels compile into themselves (``kernels/_jit.py``)
-KERNEL_MODULES = ("activations", "adam", "attention", "embedding", "feedforward", "linear",
-                  "lstm", "norms", "softmax")
+KERNEL_MODULES = ("activations", "adam", "attention", "embedding", "feedforward", "head_loss",
+                  "linear", "lstm", "norms", "softmax")
 EXPORT_FORMATS = ("safetensors", "hf")  # what numpy_transformer.export writes: PyTorch, HF
 # a language model's tokens: characters, or a byte-level BPE (numpy_transformer/bpe.py) of at
 # least the 256 bytes and one merge

@@ -29,9 +29,10 @@ from .config import ACTIVATIONS, GATED_ACTIVATIONS, NORM_PAIRS, POSITIONS
 from .gradcheck import GradcheckReport, check_direction, check_module, check_op
 
 
-def _ce_forward(targets: np.ndarray) -> Callable:
-    def forward(logits):
-        loss, cache = F.cross_entropy_forward(logits, targets)
+def _loss_forward(loss_forward: Callable, targets: np.ndarray) -> Callable:
+    """A loss's forward of the differentiable arrays alone, its loss as a 0-d array."""
+    def forward(*arrays):
+        loss, cache = loss_forward(*arrays, targets)
         return np.array(loss), cache
     return forward
 
@@ -58,8 +59,13 @@ def op_checks(rng: np.random.Generator) -> Iterator[Callable[[], GradcheckReport
             fwd, bwd, {"gate": x.copy(), "up": rng.normal(size=x.shape)} if gated
             else {"x": x.copy()}, title=name)
     yield lambda: check_op(F.softmax_forward, F.softmax_backward, {"x": x.copy()}, title="softmax")
-    yield lambda: check_op(_ce_forward(targets), F.cross_entropy_backward, {"logits": x.copy()},
+    yield lambda: check_op(_loss_forward(F.cross_entropy_forward, targets),
+                           F.cross_entropy_backward, {"logits": x.copy()},
                            title="cross-entropy (one ignored target)")
+    yield lambda: check_op(_loss_forward(F.linear_cross_entropy_forward, targets),
+                           F.linear_cross_entropy_backward,
+                           {"x": x.copy(), "w": rng.normal(size=(6, 6)), "b": rng.normal(size=6)},
+                           title="output head and its loss (linear + cross-entropy)")
     for name, stem in NORM_PAIRS.items():  # x, then the (C,) gain (and shift) the norm takes
         fwd, bwd = getattr(F, f"{stem}_forward"), getattr(F, f"{stem}_backward")
         arrays = [n for n, p in inspect.signature(fwd).parameters.items() if p.default is p.empty]

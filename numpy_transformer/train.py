@@ -64,7 +64,8 @@ class Trainer:
     ----------
     model : Module
         Any model with ``forward(*inputs) -> logits``, ``backward(dlogits)``, ``zero_grad``
-        and ``named_parameters``.
+        and ``named_parameters``; its ``loss_and_backward(*inputs, targets=, mask=)`` in
+        place of the first two where it has one.
     optimizer : Adam or AdamW
     lr_schedule : callable
         Maps the number of the update about to be made (1, 2, ...) to a learning rate.
@@ -74,8 +75,9 @@ class Trainer:
         Record per-tensor gradient norms and update-to-weight ratios every this many steps
         (0 = never).
     backend : str or Backend, optional
-        Where the loss's ``cross_entropy_forward`` / ``_backward`` come from; default the
-        model's, ``model.config.backend``.
+        Where the loss's ``cross_entropy_forward`` / ``_backward`` come from for a model
+        without ``loss_and_backward`` (the library's models have one, on their own backend);
+        default the model's, ``model.config.backend``.
     """
 
     model: object
@@ -105,16 +107,22 @@ class Trainer:
     def loss_and_grads(self, batch: Batch) -> float:
         """Forward, mean cross-entropy over the counted targets, and backward into the grads.
 
-        The model's backward needs only the logits' gradient: the logits and the
-        cross-entropy's probabilities (each (B, T, V), 206 MB at GPT-2's vocabulary and 1024
-        positions) are let go before it starts, when every layer's cache is still held.
+        The library's models do it in one call, ``loss_and_backward``, which takes the head
+        and the loss as one operation (``functional/head_loss.py``): on the numba backend the
+        (B, T, V) logits, their probabilities and their gradient, each 206 MB at GPT-2's
+        vocabulary and 1024 positions, are never made whole. Any other model is run as
+        ``forward``, the loss, ``backward``; the logits and the probabilities are let go
+        before its backward starts, when every layer's cache is still held.
         """
+        self.model.zero_grad()
+        fused = getattr(self.model, "loss_and_backward", None)
+        if fused is not None:
+            return fused(*batch.inputs, targets=batch.targets, mask=batch.mask)
         logits = self.model.forward(*batch.inputs)  # (B, T, V)
         loss, cache = self.ops.cross_entropy_forward(logits, batch.targets, mask=batch.mask)
         del logits
         dlogits = self.ops.cross_entropy_backward(1.0, cache)  # (B, T, V)
         del cache
-        self.model.zero_grad()
         self.model.backward(dlogits)
         return loss
 

@@ -225,7 +225,7 @@ def _ops_cases(ops):
 def test_every_functional_backward_has_a_case():
     for backend in BACKENDS:
         ops = get_backend(backend)
-        names = {n for n in vars(ops) if "_backward" in n} - {"cross_entropy_backward"}
+        names = {n for n in vars(ops) if "_backward" in n} - set(_LOSS_BACKWARDS)
         cases, _ = _ops_cases(ops)
         assert names == set(cases), names ^ set(cases)
 
@@ -247,13 +247,24 @@ def test_functional_backward_refuses_a_misshapen_gradient(backend):
         backward(arr(*out.shape, seed=3), cache)  # the control
 
 
+# the backwards of a loss, whose upstream gradient is a number (dloss), not an array
+_LOSS_BACKWARDS = {
+    "cross_entropy_backward": lambda ops, logits, targets: ops.cross_entropy_forward(logits,
+                                                                                     targets),
+    "linear_cross_entropy_backward": lambda ops, logits, targets: (
+        ops.linear_cross_entropy_forward(logits, arr(V, V), None, targets)),
+}
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_cross_entropy_backward_refuses_an_array_dloss(backend):
+@pytest.mark.parametrize("name", _LOSS_BACKWARDS)
+def test_a_loss_backward_refuses_an_array_dloss(backend, name):
     ops = get_backend(backend)
     _, (logits, targets) = _ops_cases(ops)
-    _, cache = ops.cross_entropy_forward(logits, targets)
+    _, cache = _LOSS_BACKWARDS[name](ops, logits, targets)
     with pytest.raises(ValueError, match="dloss must be a real number"):
-        ops.cross_entropy_backward(np.ones(B * T), cache)
+        getattr(ops, name)(np.ones(B * T), cache)
+    getattr(ops, name)(0.5, cache)  # the control
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

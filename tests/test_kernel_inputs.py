@@ -37,6 +37,7 @@ from numpy_transformer.kernels import (
     blas,
     embedding,
     feedforward,
+    head_loss,
     linear,
     lstm,
     norms,
@@ -49,6 +50,7 @@ NOT_KERNELS = {
     "exp_clamped": "called from Python it is np.exp (compiled: an overload)",
     "SDPAKernelCache": "the forward's cache, a NamedTuple; sdpa_backward checks what it holds",
     "HeadsKernelCache": "the forward's cache, a NamedTuple; linear_heads_backward checks it",
+    "HeadLossKernelCache": "the forward's gradients; linear_cross_entropy_backward checks it",
 }
 
 ROWS = 300  # above kernels.linear._MIN_ROWS: the chunked kernels run, not the reference
@@ -73,6 +75,13 @@ def _backward(forward: Callable, forward_args: tuple, extra: tuple = ()) -> Call
         out, cache = forward(*forward_args())
         return (arr(*out.shape, dtype=out.dtype, seed=1), cache, *extra)
     return args
+
+
+def _head_loss_args():
+    """A vocabulary wide enough for the blocked kernel, not the two kernels composed."""
+    v = head_loss._WIDE_COLUMNS
+    return (arr(2, 3, 5), arr(5, v, seed=1), arr(v, seed=2),
+            np.array([[0, v - 1, 1], [2, 2, -100]]))
 
 
 def _x():
@@ -229,6 +238,13 @@ CASES = {
         lambda: (0.7, softmax.cross_entropy_forward(arr(2, 3, 5),
                                                     np.array([[0, 4, 1], [2, 2, 3]]))[1]),
         caches=(1,)),
+    "linear_cross_entropy_forward": Case(head_loss.linear_cross_entropy_forward,
+                                         _head_loss_args, bound=(1, 2, 3),
+                                         accepts=_PROMOTED),
+    "linear_cross_entropy_backward": Case(
+        head_loss.linear_cross_entropy_backward,
+        lambda: (0.7, head_loss.linear_cross_entropy_forward(*_head_loss_args())[1]),
+        caches=(1,)),
 }
 
 
@@ -256,7 +272,7 @@ def _array_mutations(x: np.ndarray, bound: bool):
 
 def _mutations(value, bound: bool, cache: bool):
     if cache:
-        yield "a plain tuple", tuple(value)
+        yield "a plain tuple", tuple(value if isinstance(value, tuple) else vars(value).values())
     elif isinstance(value, np.ndarray):
         yield from _array_mutations(value, bound)
     elif isinstance(value, (list, tuple)):  # adam's groups and decays, linear_heads' ws, bs, dys

@@ -76,6 +76,22 @@ class Linear(Module):
             self.grads["b"] += db
         return dx
 
+    def loss_forward(self, x: np.ndarray, targets: np.ndarray,
+                     mask: np.ndarray | None = None) -> float:
+        """x : (..., C_in), targets : int (...) -> the mean cross-entropy of the outputs as
+        logits (``linear_cross_entropy_forward``, the outputs never returned)."""
+        loss, self.cache = self.ops.linear_cross_entropy_forward(
+            x, self.params["w"], self.params.get("b"), targets, mask=mask)
+        return loss
+
+    def loss_backward(self, dloss: float = 1.0) -> np.ndarray:
+        """-> dx : (..., C_in), of the loss of :meth:`loss_forward`; adds into ``grads``."""
+        dx, dw, db = self.ops.linear_cross_entropy_backward(dloss, self.cache)
+        self.grads["w"] += dw
+        if db is not None:
+            self.grads["b"] += db
+        return dx
+
 
 class Embedding(Module):
     """Token embedding: one learned row of ``table`` (V, C) per token id.
@@ -147,6 +163,21 @@ class TiedOutput(Module):
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout : (B, T, V) -> dx : (B, T, C); adds into the embedding's ``grads["table"]``."""
         dx, dw, _ = self.ops.linear_backward(dout, self.cache)  # dw is d(table^T), (C, V)
+        self.embedding.grads["table"] += dw.T
+        return dx
+
+    def loss_forward(self, x: np.ndarray, targets: np.ndarray,
+                     mask: np.ndarray | None = None) -> float:
+        """x : (B, T, C), targets : int (B, T) -> the mean cross-entropy of the logits
+        (``linear_cross_entropy_forward``, the logits never returned)."""
+        loss, self.cache = self.ops.linear_cross_entropy_forward(
+            x, self.embedding.params["table"].T, None, targets, mask=mask)
+        return loss
+
+    def loss_backward(self, dloss: float = 1.0) -> np.ndarray:
+        """-> dx : (B, T, C), of the loss of :meth:`loss_forward`; adds into the embedding's
+        ``grads["table"]``."""
+        dx, dw, _ = self.ops.linear_cross_entropy_backward(dloss, self.cache)  # dw: (C, V)
         self.embedding.grads["table"] += dw.T
         return dx
 

@@ -184,6 +184,13 @@ class LSTMLM(Module):
         self.head = self.add("head", Linear(config.hidden, config.vocab, dtype=dtype, rng=rng,
                                             backend=ops))
 
+    def _tokens(self, tokens: np.ndarray) -> np.ndarray:
+        """The token ids checked: integers in [0, vocab), shaped (B, T)."""
+        tokens = check_ids("tokens", tokens, self.config.vocab)
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must have shape (B, T), got {tokens.shape}")
+        return tokens
+
     def forward(self, tokens: np.ndarray, state: LSTMState | None = None) -> np.ndarray:
         """tokens : int (B, T) -> logits (B, T, V); position t sees tokens 0 .. t only.
 
@@ -191,11 +198,18 @@ class LSTMLM(Module):
         state it holds, and it is advanced past them: feeding a sequence in pieces gives the
         logits of feeding it whole.
         """
-        tokens = check_ids("tokens", tokens, self.config.vocab)
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must have shape (B, T), got {tokens.shape}")
+        tokens = self._tokens(tokens)
         return self.head(self.lstm(self.embed(tokens), state))  # (1), (2), (3)
 
     def backward(self, dlogits: np.ndarray) -> None:
         """Adds into every parameter's gradient."""
         self.embed.backward(self.lstm.backward(self.head.backward(dlogits)))
+
+    def loss_and_backward(self, tokens: np.ndarray, *, targets: np.ndarray,
+                          mask: np.ndarray | None = None) -> float:
+        """The mean cross-entropy of the next-token logits against ``targets``, every gradient
+        added; see ``DecoderLM.loss_and_backward`` (``nn/models.py``)."""
+        tokens = self._tokens(tokens)
+        loss = self.head.loss_forward(self.lstm(self.embed(tokens)), targets, mask)
+        self.embed.backward(self.lstm.backward(self.head.loss_backward()))
+        return loss

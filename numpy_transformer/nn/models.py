@@ -211,6 +211,15 @@ class EncoderClassifier(Module):
         """Adds into every parameter's gradient."""
         self.encoder.backward(self.head.backward(dlogits))
 
+    def loss_and_backward(self, tokens: np.ndarray, lengths: np.ndarray | None = None, *,
+                          targets: np.ndarray, mask: np.ndarray | None = None) -> float:
+        """The mean cross-entropy of the logits against ``targets``, every gradient added; see
+        :meth:`DecoderLM.loss_and_backward`."""
+        mask_k = None if lengths is None else key_padding_mask(lengths, np.shape(tokens)[-1])
+        loss = self.head.loss_forward(self.encoder(tokens, mask_k), targets, mask)
+        self.encoder.backward(self.head.loss_backward())
+        return loss
+
 
 def _vocab_head(config: TransformerConfig, decoder: Decoder,
                 rng: np.random.Generator) -> Linear | TiedOutput:
@@ -263,6 +272,34 @@ class DecoderLM(Module):
         """Adds into every parameter's gradient (the tied table gets both of its shares)."""
         self.decoder.backward(self.head.backward(dlogits))
 
+    def loss_and_backward(self, tokens: np.ndarray, *, targets: np.ndarray,
+                          mask: np.ndarray | None = None) -> float:
+        """Forward, loss and backward in one call: what a training step needs of the model.
+
+        Parameters
+        ----------
+        tokens : int (B, T)
+        targets : int (B, T)
+            The next token of each position.
+        mask : bool (B, T), optional
+            ``True`` = this position's target is counted.
+
+        Returns
+        -------
+        float
+            The mean cross-entropy of the next-token logits, as ``cross_entropy_forward`` of
+            :meth:`forward`'s logits gives it. Every parameter's gradient has been added into.
+
+        Notes
+        -----
+        The head and the loss are one operation (``linear_cross_entropy_forward``): the
+        (B, T, V) logits are not returned, and on the numba backend never made whole
+        (``kernels/head_loss.py``).
+        """
+        loss = self.head.loss_forward(self.decoder(tokens), targets, mask)
+        self.decoder.backward(self.head.loss_backward())
+        return loss
+
 
 class EncoderDecoder(Module):
     """Encoder over the source, decoder over the target that cross-attends the encoder.
@@ -307,3 +344,15 @@ class EncoderDecoder(Module):
         """Adds into every parameter's gradient; the memory's gradient flows into the encoder."""
         dmemory = self.decoder.backward(self.head.backward(dlogits))
         self.encoder.backward(dmemory)
+
+    def loss_and_backward(self, src: np.ndarray, tgt: np.ndarray,
+                          src_lengths: np.ndarray | None = None, *, targets: np.ndarray,
+                          mask: np.ndarray | None = None) -> float:
+        """The mean cross-entropy of the target logits against ``targets``, every gradient
+        added; see :meth:`DecoderLM.loss_and_backward`."""
+        src_mask = None if src_lengths is None else key_padding_mask(src_lengths,
+                                                                     np.shape(src)[-1])
+        memory = self.encoder(src, src_mask)  # (B, T_s, C)
+        loss = self.head.loss_forward(self.decoder(tgt, memory, src_mask), targets, mask)
+        self.encoder.backward(self.decoder.backward(self.head.loss_backward()))
+        return loss
