@@ -12,7 +12,8 @@ Every operation of the two backends (``numpy_transformer.backend``) is wrapped i
 projections, head), the attention core, the head split/merge copies, the norms, the
 feed-forward network (one operation, ``feed_forward_forward``, counted whole: its linear
 maps and activation), the embedding and positions, the loss, clipping and Adam. The
-vocabulary head (its module's forward and backward) is its own row, taken out of "linear".
+vocabulary head (its module's forward and backward, in training the head and the loss as one
+operation, ``linear_cross_entropy_forward``) is its own row, taken out of "linear".
 "rest" is the step's time minus all of these: the residual additions (``x + sub`` in the
 blocks), zeroing the gradients, Python. The wrappers add a few microseconds per call.
 The backends are timed in this one process, alternating step by step, so a change in load
@@ -136,8 +137,8 @@ def main() -> None:
     trainers, totals = {}, {}
     for backend in backends:
         model = DecoderLM(TransformerConfig(**config["model"], dtype="float32", backend=backend))
-        model.head.forward = timed("vocabulary head", model.head.forward)
-        model.head.backward = timed("vocabulary head", model.head.backward)
+        for method in ("forward", "backward", "loss_forward", "loss_backward"):
+            setattr(model.head, method, timed("vocabulary head", getattr(model.head, method)))
         trainers[backend] = train.Trainer(model, optim.Adam(lr=1e-3, backend=backend),
                                           schedules.constant_lr(1e-3), clip=1.0)
         totals[backend] = defaultdict(float)

@@ -1,18 +1,22 @@
 """Keep freed buffers in the process instead of handing them back to the OS (glibc only).
 
 A training step allocates and frees the same few hundred arrays every time, several of them a
-few MiB (the FFN's hidden activations of the chapter's model: 6400 x 168 float32, 4.3 MiB).
-By default glibc serves each allocation above 128 KiB to 32 MiB straight from the OS (``mmap``)
-or returns freed heap memory once 128 KiB lies unused at its top (``trim``), so the next step
-gets fresh pages again, and the kernel zeroes and maps every one of them on first touch.
-Measured on the benchmark machine (2 cores), those page faults cost 5-8 ms of a 70 ms step of
-the chapter's model, 3-4 ms of a 44 ms step of the small configuration.
+few MiB (the FFN's hidden activations of the chapter's model: 6400 x 168 float32, 4.3 MiB),
+a few of them far larger (at GPT-2's shape the tied table's two gradients, 154 MB each, and
+the output head's block of logits, 51 MB). By default glibc serves each allocation above
+128 KiB straight from the OS (``mmap``) and unmaps it when it is freed, and returns freed heap
+memory once 128 KiB lies unused at its top (``trim``), so the next step gets fresh pages again,
+and the kernel zeroes and maps every one of them on first touch. Measured on the benchmark
+machines (2 cores), those page faults cost 5-8 ms of a 70 ms step of the chapter's model,
+3-4 ms of a 44 ms step of the small configuration, and 1.0-1.5 s of a 3.7 s step of the GPT-2
+shape on a KVM guest, whose host takes freed pages back (``benchmarks/README.md``).
 
-:func:`reuse_freed_memory` raises both thresholds with ``mallopt``: arrays up to 32 MiB come
-from the heap, and freed memory stays there for the next step. Peak memory is unchanged (the
-same arrays are live at the peak); the process simply does not shrink after it. It is a
-process-wide setting, so the library never calls it on its own: the command line does, and
-so do the benchmarks.
+:func:`reuse_freed_memory` turns ``mmap`` off for ``malloc`` (``M_MMAP_MAX`` = 0: every array
+comes from the heap) and raises the trim threshold, so that freed memory stays in the heap
+for the next step. Peak memory is the same arrays at the peak (measured at GPT-2's shape:
+3,560 MiB with the setting, 3,572-3,631 without); the process simply does not shrink after
+it. It is a process-wide setting, so the library never calls it on its own: the command line
+does, and so do the benchmarks.
 """
 
 from __future__ import annotations
@@ -20,12 +24,11 @@ from __future__ import annotations
 import ctypes
 
 _M_TRIM_THRESHOLD = -1  # mallopt parameter numbers, from glibc's malloc.h
-_M_MMAP_THRESHOLD = -3
-_MMAP_MAX = 32 * 1024 * 1024  # glibc refuses a larger mmap threshold on 64-bit systems
+_M_MMAP_MAX = -4
 
 
 def reuse_freed_memory(trim_bytes: int = 1 << 30) -> bool:
-    """Serve allocations up to 32 MiB from the heap and keep up to ``trim_bytes`` freed there.
+    """Serve every allocation from the heap and keep up to ``trim_bytes`` freed there.
 
     Parameters
     ----------
@@ -50,5 +53,4 @@ def reuse_freed_memory(trim_bytes: int = 1 << 30) -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_MAX)) and bool(
-        mallopt(_M_TRIM_THRESHOLD, trim_bytes))
+    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, trim_bytes))

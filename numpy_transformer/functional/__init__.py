@@ -6,7 +6,8 @@ nothing here is compiled, and nothing here knows the fast backend exists.
 
 One file per concern: ``activations.py``, ``softmax.py`` (and cross-entropy), ``linear.py``,
 ``embedding.py``, ``norms.py``, ``positional.py`` (sinusoidal, RoPE, ALiBi), ``masks.py``,
-``attention.py``, ``feedforward.py`` (linear, activation, linear), ``lstm.py``; ``adam.py``
+``attention.py``, ``feedforward.py`` (linear, activation, linear), ``head_loss.py`` (the
+output head and its cross-entropy), ``lstm.py``; ``adam.py``
 holds the optimiser's update. Each file lists its public names in ``__all__``, and this
 package is exactly those lists, read below (``F.layer_norm_forward`` is
 ``functional.norms.layer_norm_forward``); the ``"numpy"`` backend is the same names

@@ -13,10 +13,10 @@ a copy of the weight for the backward, 154 MB more. Here a vocabulary of at leas
 ``_WIDE_COLUMNS`` words goes through the rows in blocks of ``_BLOCK_ROWS``, and the forward
 makes the gradients as well, while a block's logits are at hand:
 
-    g = x[rows] w + b                                 (1), by pieces of rows and columns
+    g = x[rows] w + b                                 (1), by blocks of columns
     loss_n = -w_n log softmax(g_n)[t_n]               (2), row by row, and in place:
     g_n = w_n (softmax(g_n) - onehot(t_n))            the gradient of (2) at dloss = 1
-    dx[rows] = g w^T                                  (1) backward, by pieces of rows
+    dx[rows] = sum_groups g[:, group] w[:, group]^T   (1) backward, by groups of columns
     dw += x[rows]^T g,  db += sum_rows g              (1) backward, by blocks of columns
 
 The block's (``_BLOCK_ROWS``, V) array is the only one as wide as the vocabulary (51 MB at
@@ -58,8 +58,12 @@ __all__ = ['linear_cross_entropy_forward', 'linear_cross_entropy_backward']
 
 _WIDE_COLUMNS = 4096  # narrower: the linear and cross-entropy kernels, one after the other
 _BLOCK_ROWS = 256  # rows per block: (256, 50304) float32 logits are 51 MB
-_PIECE_ROWS = 64  # the rows of one product of the forward's logits and of dx
 _BLOCK_COLUMNS = 1024  # the columns of one product of the logits and of dw
+# dx = g w^T is the sum of the products of _DX_GROUPS groups of the vocabulary's columns, each
+# into its own (R, C) part, added in order: each product then reads its share of g and of w
+# once (one product per piece of rows read all of w again: OpenBLAS packs the whole of its
+# right operand for every call)
+_DX_GROUPS = 4
 # reassoc: SIMD row sums; error_model="numpy": no division check in the loops (as softmax.py)
 _JIT = jit_options(fastmath={"reassoc"}, error_model="numpy")
 
@@ -74,33 +78,31 @@ class HeadLossKernelCache:
 
 
 @tiered(_JIT)
-def _head_loss_kernel(x, w, transposed, b, has_bias, targets, weight, gemm_fn, g_all,
+def _head_loss_kernel(x, w, transposed, b, has_bias, targets, weight, gemm_fn, g_all, dx_parts,
                       row_loss, dx, dw, db):  # pragma: no cover - compiled
     # x: (N, C); w: (C, V), or its transpose (V, C) if `transposed` (C-contiguous either
     # way); b: (V,); targets: (N,) int64; weight, row_loss: (N,) float64;
-    # g_all: (R, V) a block's logits, then their gradient; dx: (N, C); dw: like w; db: (V,)
-    # float64 zeros
-    n = x.shape[0]
+    # g_all: (R, V) a block's logits, then their gradient; dx_parts: (_DX_GROUPS, R, C);
+    # dx: (N, C); dw: like w; db: (V,) float64 zeros
+    n, c = x.shape
     v = w.shape[0] if transposed else w.shape[1]
     block = g_all.shape[0]
-    pieces = -(-block // _PIECE_ROWS)
     columns = -(-v // _BLOCK_COLUMNS)
+    group = -(-v // _DX_GROUPS)
     for lo in range(0, n, block):
         r = min(n, lo + block) - lo
-        xs, g = x[lo:lo + r], g_all[:r]
-        for item in prange(pieces * columns):  # (1) g = x w + b
-            r0, c0 = (item // columns) * _PIECE_ROWS, (item % columns) * _BLOCK_COLUMNS
-            r1, c1 = min(r, r0 + _PIECE_ROWS), min(v, c0 + _BLOCK_COLUMNS)
-            if r0 < r1:
-                out = g[r0:r1, c0:c1]
-                if transposed:
-                    gemm(xs[r0:r1], w[c0:c1].T, out, gemm_fn)
-                else:
-                    gemm(xs[r0:r1], w[:, c0:c1], out, gemm_fn)
-                if has_bias:
-                    for i in range(r1 - r0):
-                        for j in range(c1 - c0):
-                            out[i, j] += b[c0 + j]
+        xs, g, parts = x[lo:lo + r], g_all[:r], dx_parts[:, :r]
+        for k in prange(columns):  # (1) g = x w + b, a block of columns at a time
+            c0, c1 = k * _BLOCK_COLUMNS, min(v, (k + 1) * _BLOCK_COLUMNS)
+            out = g[:, c0:c1]
+            if transposed:
+                gemm(xs, w[c0:c1].T, out, gemm_fn)
+            else:
+                gemm(xs, w[:, c0:c1], out, gemm_fn)
+            if has_bias:
+                for i in range(r):
+                    for j in range(c1 - c0):
+                        out[i, j] += b[c0 + j]
         for i in prange(r):  # (2) the loss of row i, and its gradient in place of its logits
             row, t, wn = g[i], targets[lo + i], weight[lo + i]
             m = row[0]  # the row max, the stabilising shift
@@ -116,10 +118,18 @@ def _head_loss_kernel(x, w, transposed, b, has_bias, targets, weight, gemm_fn, g
             for j in range(v):
                 row[j] *= scale  # w_n softmax(g)
             row[t] -= g.dtype.type(wn)  # - w_n onehot(t)
-        for p in prange(pieces):  # (1) backward: dx = g w^T
-            r0, r1 = p * _PIECE_ROWS, min(r, (p + 1) * _PIECE_ROWS)
-            if r0 < r1:
-                gemm(g[r0:r1], w if transposed else w.T, dx[lo + r0:lo + r1], gemm_fn)
+        for q in prange(_DX_GROUPS):  # (1) backward: dx = g w^T, one group of columns each
+            c0, c1 = q * group, min(v, (q + 1) * group)
+            if transposed:
+                gemm(g[:, c0:c1], w[c0:c1], parts[q], gemm_fn)
+            else:
+                gemm(g[:, c0:c1], w[:, c0:c1].T, parts[q], gemm_fn)
+        for i in prange(r):  # (1) backward: the groups' products added, in order
+            for j in range(c):
+                acc = parts[0, i, j]
+                for q in range(1, _DX_GROUPS):
+                    acc += parts[q, i, j]
+                dx[lo + i, j] = acc
         for k in prange(columns):  # (1) backward: dw += x^T g, db += sum_rows g
             c0, c1 = k * _BLOCK_COLUMNS, min(v, (k + 1) * _BLOCK_COLUMNS)
             if transposed:
@@ -158,6 +168,7 @@ def linear_cross_entropy_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | N
     wk = np.ascontiguousarray(w.T if transposed else w, dtype=dtype)  # read only, not kept
     n = x2.shape[0]
     g = np.empty((min(n, _BLOCK_ROWS), v), dtype)  # a block's logits, then their gradient
+    dx_parts = np.empty((_DX_GROUPS, g.shape[0], x2.shape[1]), dtype)
     row_loss = np.empty(n)
     dx = np.empty_like(x2)
     dw = np.empty_like(wk)  # (C, V), or (V, C) if transposed
@@ -165,8 +176,8 @@ def linear_cross_entropy_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | N
     bias = b.astype(dtype, copy=False) if b is not None else np.zeros(1, dtype)
     with blas_on_calling_thread():
         _head_loss_kernel(x2, wk, transposed, bias, b is not None, flat_t,
-                          weight.astype(np.float64), gemm_address(dtype), g, row_loss, dx, dw,
-                          db)
+                          weight.astype(np.float64), gemm_address(dtype), g, dx_parts,
+                          row_loss, dx, dw, db)
     loss = dtype.type(row_loss.sum())  # rounded to the logits' dtype, as the reference
     return float(loss), HeadLossKernelCache(dx.reshape(x.shape[:-1] + (x2.shape[1],)),
                                             dw.T if transposed else dw,
