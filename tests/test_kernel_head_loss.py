@@ -138,3 +138,16 @@ def test_loss_and_backward_equals_forward_loss_backward(backend, tied):
     scale = max(float(np.abs(g).max()) for g in want.values())
     for name, _, g in model.named_parameters():
         assert np.abs(g - want[name]).max() <= 1e-12 * scale, name
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_a_head_takes_one_loss_backward_per_loss_forward(backend):
+    model = DecoderLM(TransformerConfig(vocab=WIDE, width=16, heads=2, layers=1, ffn_width=32,
+                                        max_len=16, tie_embeddings=True, backend=backend))
+    with pytest.raises(ValueError, match=r"TiedOutput.loss_backward needs a loss_forward"):
+        model.head.loss_backward()
+    ids = np.random.default_rng(3).integers(0, WIDE, size=(2, 9))
+    model.head.loss_forward(model.decoder(ids[:, :-1]), ids[:, 1:])
+    model.head.loss_backward(0.5)
+    with pytest.raises(ValueError, match="needs a loss_forward first"):
+        model.head.loss_backward(0.5)

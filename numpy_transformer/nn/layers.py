@@ -28,6 +28,15 @@ def _generator(rng: np.random.Generator | None) -> np.random.Generator:
 BackendArg = str | Backend  # a backend's name, or the Backend itself (what models pass down)
 
 
+def _loss_gradients(head: Module, dloss: float) -> tuple:
+    """``(dx, dw, db)`` of the loss of ``head.loss_forward`` (a Linear's or a TiedOutput's),
+    whose cache is let go: one backward per loss forward."""
+    if head.loss_cache is None:
+        raise ValueError(f"{type(head).__name__}.loss_backward needs a loss_forward first")
+    cache, head.loss_cache = head.loss_cache, None
+    return head.ops.linear_cross_entropy_backward(dloss, cache)
+
+
 class Linear(Module):
     """Affine map ``out = x @ w + b`` over the last axis.
 
@@ -62,6 +71,7 @@ class Linear(Module):
         if bias:
             self.add_param("b", rng.uniform(-bound, bound, out_width).astype(dtype))
         self.cache = None
+        self.loss_cache = None  # loss_forward's, for loss_backward
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (..., C_in) -> out : (..., C_out)."""
@@ -80,13 +90,13 @@ class Linear(Module):
                      mask: np.ndarray | None = None) -> float:
         """x : (..., C_in), targets : int (...) -> the mean cross-entropy of the outputs as
         logits (``linear_cross_entropy_forward``, the outputs never returned)."""
-        loss, self.cache = self.ops.linear_cross_entropy_forward(
+        loss, self.loss_cache = self.ops.linear_cross_entropy_forward(
             x, self.params["w"], self.params.get("b"), targets, mask=mask)
         return loss
 
     def loss_backward(self, dloss: float = 1.0) -> np.ndarray:
         """-> dx : (..., C_in), of the loss of :meth:`loss_forward`; adds into ``grads``."""
-        dx, dw, db = self.ops.linear_cross_entropy_backward(dloss, self.cache)
+        dx, dw, db = _loss_gradients(self, dloss)
         self.grads["w"] += dw
         if db is not None:
             self.grads["b"] += db
@@ -154,6 +164,7 @@ class TiedOutput(Module):
         self.embedding = embedding
         self.ops = embedding.ops
         self.cache = None
+        self.loss_cache = None  # loss_forward's, for loss_backward
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (B, T, C) -> logits : (B, T, V)."""
@@ -170,14 +181,14 @@ class TiedOutput(Module):
                      mask: np.ndarray | None = None) -> float:
         """x : (B, T, C), targets : int (B, T) -> the mean cross-entropy of the logits
         (``linear_cross_entropy_forward``, the logits never returned)."""
-        loss, self.cache = self.ops.linear_cross_entropy_forward(
+        loss, self.loss_cache = self.ops.linear_cross_entropy_forward(
             x, self.embedding.params["table"].T, None, targets, mask=mask)
         return loss
 
     def loss_backward(self, dloss: float = 1.0) -> np.ndarray:
         """-> dx : (B, T, C), of the loss of :meth:`loss_forward`; adds into the embedding's
         ``grads["table"]``."""
-        dx, dw, _ = self.ops.linear_cross_entropy_backward(dloss, self.cache)  # dw: (C, V)
+        dx, dw, _ = _loss_gradients(self, dloss)  # dw: d(table^T), (C, V)
         self.embedding.grads["table"] += dw.T
         return dx
 
