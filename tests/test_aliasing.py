@@ -55,6 +55,16 @@ def _cross_entropy(rng, dtype):
     return PairCase([_normal(rng, dtype, 2, 4, 6), targets], dict(ignore_index=-100, mask=mask))
 
 
+def _linear_cross_entropy(rng, dtype):
+    """A vocabulary wide enough for the numba kernel's blocks (``kernels/head_loss.py``)."""
+    vocab = 4096 + 5
+    targets = rng.integers(0, vocab, (2, 4))
+    targets[0, 1] = -100
+    return PairCase([_normal(rng, dtype, 2, 4, 3), _normal(rng, dtype, 3, vocab),
+                     _normal(rng, dtype, vocab), targets],
+                    dict(ignore_index=-100, mask=_mask(rng, 2, 4)))
+
+
 def _embeddings(rng, dtype):
     ids, table = rng.integers(0, 5, (2, 4)), _normal(rng, dtype, 5, 3)
     return PairCase([ids, table, 1.5, _normal(rng, dtype, 4, 3)],
@@ -123,6 +133,7 @@ PAIR_CASES: dict[str, Callable[[np.random.Generator, np.dtype], PairCase]] = {
     "dropout": lambda rng, dtype: PairCase([_normal(rng, dtype, 2, 3, 5), 0.4,
                                             np.random.default_rng(rng.integers(2**32))]),
     "cross_entropy": _cross_entropy,
+    "linear_cross_entropy": _linear_cross_entropy,
     "embedding": lambda rng, dtype: PairCase([rng.integers(0, 5, (2, 4)),
                                               _normal(rng, dtype, 5, 3)]),
     "embeddings": _embeddings,

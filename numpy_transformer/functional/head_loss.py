@@ -5,9 +5,9 @@ vocabulary, and the loss turns the logits into one number. Training needs neithe
 nor their probabilities, only the loss and its gradient; at GPT-2's vocabulary (50,304) and
 1,024 positions each of the logits, the probabilities and the logits' gradient is a
 (1024, 50304) array, 206 MB in float32. Taking the two layers as one operation lets a fast
-implementation go through the rows a block at a time and never hold them whole
-(``kernels/head_loss.py``). The reference below is the composition of the two references it
-fuses, which is all the math there is: ``functional/linear.py`` and ``functional/softmax.py``.
+implementation go through the rows a block at a time and never hold them whole. The reference
+below is the composition of the two references it fuses, which is all the math there is:
+``functional/linear.py`` and ``functional/softmax.py``.
 """
 
 from __future__ import annotations
@@ -67,5 +67,8 @@ def linear_cross_entropy_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | N
 
 def linear_cross_entropy_backward(dloss: float, cache: LinearCrossEntropyCache):
     """Returns ``(dx, dw, db)``; ``db`` is ``None`` when the forward had no bias."""
+    if not isinstance(cache, LinearCrossEntropyCache):
+        raise ValueError(f"cache must be the LinearCrossEntropyCache that "
+                         f"linear_cross_entropy_forward returns, got {type(cache).__name__}")
     dlogits = cross_entropy_backward(dloss, cache.loss)  # (2) dloss w_n (p - onehot(t))
     return linear_backward(dlogits, cache.linear)  # (1) dx = dlogits w^T, dw = x^T dlogits

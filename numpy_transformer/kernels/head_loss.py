@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from .._checks import check_scalar
 from ..functional.head_loss import LinearCrossEntropyCache
@@ -77,6 +77,26 @@ class HeadLossKernelCache:
     db: np.ndarray | None  # (V,), or None without a bias
 
 
+@njit(**_JIT)
+def _loss_row(row, t, wn):  # pragma: no cover - compiled
+    # row: (V,) one position's logits, replaced by their gradient w_n (softmax - onehot(t));
+    # returns the position's loss (2) -w_n log softmax(row)[t], in float64
+    v = row.size
+    m = row[0]  # the row max, the stabilising shift
+    for j in range(1, v):
+        m = row[j] if row[j] > m else m
+    x_t = row[t]
+    exp_shifted(row, v, m)  # e = exp(g - m)
+    z = 0.0  # in float64
+    for j in range(v):
+        z += row[j]
+    scale = row.dtype.type(wn / z)
+    for j in range(v):
+        row[j] *= scale  # w_n softmax(g)
+    row[t] -= row.dtype.type(wn)  # - w_n onehot(t)
+    return -wn * (x_t - m - math.log(z))  # (2) -w_n (g_t - m - log z)
+
+
 @tiered(_JIT)
 def _head_loss_kernel(x, w, transposed, b, has_bias, targets, weight, gemm_fn, g_all, dx_parts,
                       row_loss, dx, dw, db):  # pragma: no cover - compiled
@@ -104,20 +124,7 @@ def _head_loss_kernel(x, w, transposed, b, has_bias, targets, weight, gemm_fn, g
                     for j in range(c1 - c0):
                         out[i, j] += b[c0 + j]
         for i in prange(r):  # (2) the loss of row i, and its gradient in place of its logits
-            row, t, wn = g[i], targets[lo + i], weight[lo + i]
-            m = row[0]  # the row max, the stabilising shift
-            for j in range(1, v):
-                m = row[j] if row[j] > m else m
-            x_t = row[t]
-            exp_shifted(row, v, m)  # e = exp(g - m)
-            z = 0.0  # in float64
-            for j in range(v):
-                z += row[j]
-            row_loss[lo + i] = -wn * (x_t - m - math.log(z))  # (2) -w_n (g_t - m - log z)
-            scale = g.dtype.type(wn / z)
-            for j in range(v):
-                row[j] *= scale  # w_n softmax(g)
-            row[t] -= g.dtype.type(wn)  # - w_n onehot(t)
+            row_loss[lo + i] = _loss_row(g[i], targets[lo + i], weight[lo + i])
         for q in prange(_DX_GROUPS):  # (1) backward: dx = g w^T, one group of columns each
             c0, c1 = q * group, min(v, (q + 1) * group)
             if transposed:
