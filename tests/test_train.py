@@ -205,3 +205,39 @@ def test_progress_bar_marks_the_clipped_steps_and_counts_them(capsys):
     assert "|g| 0.900  (2 clipped)" in lines[-1]
     assert "1,100 tok/s" in lines[1]  # smoothed: 0.9 * 1000 + 0.1 * 2000
 
+
+
+class _LogitsOnly:
+    """A model with forward and backward but no ``loss_and_backward``: a user's own."""
+
+    def __init__(self, model):
+        self.model, self.config = model, model.config
+
+    def forward(self, tokens):
+        return self.model.forward(tokens)
+
+    def backward(self, dlogits):
+        self.model.backward(dlogits)
+
+    def zero_grad(self):
+        self.model.zero_grad()
+
+    def named_parameters(self):
+        return self.model.named_parameters()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_a_model_without_loss_and_backward_trains_alike(backend):
+    """The trainer's two paths, the library models' fused ``loss_and_backward`` and forward,
+    loss, backward for any other model, give the same losses and weights (to rounding)."""
+    ids = corpus()
+    x, y = ids[:40].reshape(4, 10), ids[1:41].reshape(4, 10)
+    models = [tiny_lm(backend=backend) for _ in range(2)]
+    runs = []
+    for model in (models[0], _LogitsOnly(models[1])):
+        trainer = Trainer(model, Adam(lr=1e-2, backend=backend), constant_lr(1e-2), clip=1.0)
+        runs.append([trainer.step(Batch((x,), y)).loss for _ in range(3)])
+    np.testing.assert_allclose(runs[0], runs[1], rtol=1e-12)
+    for (name, p, _), (_, q, _) in zip(models[0].named_parameters(),
+                                       models[1].named_parameters(), strict=True):
+        np.testing.assert_allclose(p, q, rtol=1e-10, atol=1e-12, err_msg=name)

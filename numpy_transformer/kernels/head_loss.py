@@ -23,7 +23,7 @@ The block's (``_BLOCK_ROWS``, V) array is the only one as wide as the vocabulary
 GPT-2's), and the weight is read during the call only, so nothing keeps a copy of it. The
 cache holds the three gradients at dloss = 1; the backward scales them by ``dloss`` in place
 and hands them over, so a second backward of one forward raises ``ValueError`` (run the
-forward again). The pieces and blocks depend on the sizes only, never on the thread count,
+forward again). The blocks and groups depend on the sizes only, never on the thread count,
 and the blocks of rows add into ``dw`` and ``db`` in order: the same bits on any number of
 threads. A narrower vocabulary makes small logits: the linear and cross-entropy kernels run
 one after the other there (``kernels/linear.py``, ``kernels/softmax.py``), with the
