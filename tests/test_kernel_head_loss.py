@@ -18,7 +18,14 @@ from numpy_transformer.functional.head_loss import LinearCrossEntropyCache
 from numpy_transformer.functional.softmax import cross_entropy_backward, cross_entropy_forward
 from numpy_transformer.kernels import _tiers
 from numpy_transformer.kernels import head_loss as fast
-from numpy_transformer.nn import DecoderLM, TransformerConfig
+from numpy_transformer.nn import (
+    LSTMLM,
+    DecoderLM,
+    EncoderClassifier,
+    EncoderDecoder,
+    LSTMConfig,
+    TransformerConfig,
+)
 
 WIDE = fast._WIDE_COLUMNS + 37  # a vocabulary for the blocked kernel, its last block ragged
 
@@ -135,6 +142,43 @@ def test_loss_and_backward_equals_forward_loss_backward(backend, tied):
     fused = model.loss_and_backward(ids[:, :-1], targets=ids[:, 1:], mask=mask)
     assert abs(fused - loss) <= 1e-12 * loss
     # on the scale of all the gradients: the key bias's is zero but for rounding
+    scale = max(float(np.abs(g).max()) for g in want.values())
+    for name, _, g in model.named_parameters():
+        assert np.abs(g - want[name]).max() <= 1e-12 * scale, name
+
+
+def _family(name: str, backend: str):
+    """(model, inputs, targets, mask) of a small model of each family: 3 sequences of 8."""
+    rng = np.random.default_rng(4)
+    cfg = dict(vocab=13, width=16, heads=2, layers=1, ffn_width=32, max_len=8,
+               backend=backend)
+    tokens, targets = rng.integers(0, 13, size=(2, 3, 8))
+    mask = rng.random((3, 8)) > 0.2
+    lengths = np.array([8, 5, 3])
+    if name == "EncoderClassifier":
+        return (EncoderClassifier(TransformerConfig(**cfg, num_classes=5)), (tokens, lengths),
+                targets % 5, mask)
+    if name == "EncoderDecoder":
+        return (EncoderDecoder(TransformerConfig(**cfg)),
+                (tokens, rng.integers(0, 13, size=(3, 8)), lengths), targets, mask)
+    if name == "LSTMLM":
+        return (LSTMLM(LSTMConfig(vocab=13, hidden=8, embed=6, max_len=8, backend=backend)),
+                (tokens,), targets, mask)
+    return DecoderLM(TransformerConfig(**cfg)), (tokens,), targets, mask
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("family", ["DecoderLM", "EncoderDecoder", "EncoderClassifier",
+                                    "LSTMLM"])
+def test_every_family_s_loss_and_backward_equals_forward_loss_backward(family, backend):
+    model, inputs, targets, mask = _family(family, backend)
+    loss, cache = cross_entropy_forward(model.forward(*inputs), targets, mask=mask)
+    model.zero_grad()
+    model.backward(cross_entropy_backward(1.0, cache))
+    want = {name: g.copy() for name, _, g in model.named_parameters()}
+    model.zero_grad()
+    fused = model.loss_and_backward(*inputs, targets=targets, mask=mask)
+    assert abs(fused - loss) <= 1e-12 * loss
     scale = max(float(np.abs(g).max()) for g in want.values())
     for name, _, g in model.named_parameters():
         assert np.abs(g - want[name]).max() <= 1e-12 * scale, name
