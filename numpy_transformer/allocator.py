@@ -13,10 +13,10 @@ shape on a KVM guest, whose host takes freed pages back (``benchmarks/README.md`
 
 :func:`reuse_freed_memory` turns ``mmap`` off for ``malloc`` (``M_MMAP_MAX`` = 0: every array
 comes from the heap) and raises the trim threshold, so that freed memory stays in the heap
-for the next step. Peak memory is the same arrays at the peak (measured at GPT-2's shape:
-3,560 MiB with the setting, 3,572-3,631 without); the process simply does not shrink after
-it. It is a process-wide setting, so the library never calls it on its own: the command line
-does, and so do the benchmarks.
+for the next step. Peak memory is the same arrays at the peak (the GPT-2 benchmark's peak
+RSS: 3,540-3,558 MiB with the setting over four runs, 3,572-3,631 without); the process
+simply does not shrink after it. It is a process-wide setting, so the library never calls it
+on its own: the command line does, and so do the benchmarks.
 """
 
 from __future__ import annotations

@@ -215,8 +215,8 @@ class EncoderClassifier(Module):
                           targets: np.ndarray, mask: np.ndarray | None = None) -> float:
         """The mean cross-entropy of the logits against ``targets``, every gradient added; see
         :meth:`DecoderLM.loss_and_backward`."""
-        mask_k = None if lengths is None else key_padding_mask(lengths, np.shape(tokens)[-1])
-        loss = self.head.loss_forward(self.encoder(tokens, mask_k), targets, mask)
+        padding = None if lengths is None else key_padding_mask(lengths, np.shape(tokens)[-1])
+        loss = self.head.loss_forward(self.encoder(tokens, padding), targets, mask)
         self.encoder.backward(self.head.loss_backward())
         return loss
 
