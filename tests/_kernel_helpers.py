@@ -1,5 +1,6 @@
 """Shared by the tests of the row-chunked kernels (``kernels/linear.py``,
-``kernels/feedforward.py``): tolerances, the relative error, the two-thread marker."""
+``kernels/feedforward.py``, ``kernels/head_loss.py``): tolerances, the relative error, the
+gradients' comparison, the two-thread marker."""
 
 from __future__ import annotations
 
@@ -18,3 +19,14 @@ def rel_err(a, b) -> float:
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     assert a.shape == b.shape, (a.shape, b.shape)
     return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def assert_gradients_match(got: tuple, want: tuple, dtype) -> None:
+    """A kernel's ``(dx, dw, db)`` against its reference's: the same ``None``, dtype and shape,
+    and within ``TOL`` relative (``db`` is ``None`` without a bias)."""
+    for name, g, w in zip(("dx", "dw", "db"), got, want, strict=True):
+        if w is None:
+            assert g is None, name
+            continue
+        assert g.dtype == dtype and g.shape == w.shape, name
+        assert rel_err(g, w) <= TOL[dtype], f"{name}: {rel_err(g, w):.3g}"

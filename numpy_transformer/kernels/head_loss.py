@@ -162,14 +162,14 @@ def linear_cross_entropy_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | N
         if a is not None:
             check_kernel_float(name, a)
     v = w.shape[1]
+    if v < _WIDE_COLUMNS:  # the loss's kernel checks and weighs the targets itself
+        logits, lin = linear.linear_forward(x, w, b)
+        loss, ce = softmax.cross_entropy_forward(logits, targets, ignore_index, mask)
+        return loss, LinearCrossEntropyCache(lin, ce)
     dtype = np.result_type(x, w, *(() if b is None else (b,)))
     # the targets' checks and weights take the logits' shape and dtype: a stand-in of no size
     logits_like = np.broadcast_to(np.zeros((), dtype), x.shape[:-1] + (v,))
     flat_t, weight = counted_targets(logits_like, targets, ignore_index, mask)
-    if v < _WIDE_COLUMNS:
-        logits, lin = linear.linear_forward(x, w, b)
-        loss, ce = softmax.cross_entropy_forward(logits, targets, ignore_index, mask)
-        return loss, LinearCrossEntropyCache(lin, ce)
     x2 = np.ascontiguousarray(x, dtype=dtype).reshape(-1, w.shape[0])  # (N, C), read only
     transposed = not w.flags.c_contiguous
     wk = np.ascontiguousarray(w.T if transposed else w, dtype=dtype)  # read only, not kept
