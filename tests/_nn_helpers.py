@@ -1,10 +1,19 @@
-"""Shared by the ``test_nn_*`` files: judging a gradcheck report of a module."""
+"""Shared by the tests of ``nn``: judging a gradcheck report of a module; a small model of
+each family."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from numpy_transformer.gradcheck import GradcheckReport
+from numpy_transformer.nn import (
+    LSTMLM,
+    DecoderLM,
+    EncoderClassifier,
+    EncoderDecoder,
+    LSTMConfig,
+    TransformerConfig,
+)
 
 TOL = 1e-6
 
@@ -18,3 +27,27 @@ def assert_gradcheck(report: GradcheckReport, module, tol: float = TOL) -> None:
 def float_inputs(rng: np.random.Generator, *shapes) -> list[np.ndarray]:
     """Standard normal float64 arrays of the given shapes."""
     return [rng.standard_normal(shape) for shape in shapes]
+
+
+# the model families that have a loss_and_backward
+FAMILIES = ("DecoderLM", "EncoderDecoder", "EncoderClassifier", "LSTMLM")
+
+
+def small_family(name: str, backend: str):
+    """(model, inputs, targets, mask) of a small model of each family: 3 sequences of 8."""
+    rng = np.random.default_rng(4)
+    cfg = dict(vocab=13, width=16, heads=2, layers=1, ffn_width=32, max_len=8,
+               backend=backend)
+    tokens, targets = rng.integers(0, 13, size=(2, 3, 8))
+    mask = rng.random((3, 8)) > 0.2
+    lengths = np.array([8, 5, 3])
+    if name == "EncoderClassifier":
+        return (EncoderClassifier(TransformerConfig(**cfg, num_classes=5)), (tokens, lengths),
+                targets % 5, mask)
+    if name == "EncoderDecoder":
+        return (EncoderDecoder(TransformerConfig(**cfg)),
+                (tokens, rng.integers(0, 13, size=(3, 8)), lengths), targets, mask)
+    if name == "LSTMLM":
+        return (LSTMLM(LSTMConfig(vocab=13, hidden=8, embed=6, max_len=8, backend=backend)),
+                (tokens,), targets, mask)
+    return DecoderLM(TransformerConfig(**cfg)), (tokens,), targets, mask

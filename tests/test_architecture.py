@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 # bottom to top; a module is in the first layer one of whose names is its first path part
 LAYERS = (
-    ("_version", "_checks", "config", "memory", "files", "threads", "allocator"),  # base
+    ("_version", "_checks", "config", "memory", "files", "threads", "allocator",
+     "ownership"),  # base
     ("functional",),  # the math: NumPy and the standard library only
     ("kernels",),  # the same contracts, compiled
     ("backend",),  # the one seam between the two

@@ -12,20 +12,14 @@ import numba
 import numpy as np
 import pytest
 from _kernel_helpers import TOL, assert_gradients_match, multi_thread, rel_err
+from _nn_helpers import FAMILIES, small_family
 
 from numpy_transformer.functional import head_loss as ref
 from numpy_transformer.functional.head_loss import LinearCrossEntropyCache
 from numpy_transformer.functional.softmax import cross_entropy_backward, cross_entropy_forward
 from numpy_transformer.kernels import _tiers
 from numpy_transformer.kernels import head_loss as fast
-from numpy_transformer.nn import (
-    LSTMLM,
-    DecoderLM,
-    EncoderClassifier,
-    EncoderDecoder,
-    LSTMConfig,
-    TransformerConfig,
-)
+from numpy_transformer.nn import DecoderLM, TransformerConfig
 
 WIDE = fast._WIDE_COLUMNS + 37  # a vocabulary for the blocked kernel, its last block ragged
 
@@ -142,31 +136,10 @@ def test_loss_and_backward_equals_forward_loss_backward(backend, tied):
         assert np.abs(g - want[name]).max() <= 1e-12 * scale, name
 
 
-def _family(name: str, backend: str):
-    """(model, inputs, targets, mask) of a small model of each family: 3 sequences of 8."""
-    rng = np.random.default_rng(4)
-    cfg = dict(vocab=13, width=16, heads=2, layers=1, ffn_width=32, max_len=8,
-               backend=backend)
-    tokens, targets = rng.integers(0, 13, size=(2, 3, 8))
-    mask = rng.random((3, 8)) > 0.2
-    lengths = np.array([8, 5, 3])
-    if name == "EncoderClassifier":
-        return (EncoderClassifier(TransformerConfig(**cfg, num_classes=5)), (tokens, lengths),
-                targets % 5, mask)
-    if name == "EncoderDecoder":
-        return (EncoderDecoder(TransformerConfig(**cfg)),
-                (tokens, rng.integers(0, 13, size=(3, 8)), lengths), targets, mask)
-    if name == "LSTMLM":
-        return (LSTMLM(LSTMConfig(vocab=13, hidden=8, embed=6, max_len=8, backend=backend)),
-                (tokens,), targets, mask)
-    return DecoderLM(TransformerConfig(**cfg)), (tokens,), targets, mask
-
-
 @pytest.mark.parametrize("backend", ["numpy", "numba"])
-@pytest.mark.parametrize("family", ["DecoderLM", "EncoderDecoder", "EncoderClassifier",
-                                    "LSTMLM"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_every_family_s_loss_and_backward_equals_forward_loss_backward(family, backend):
-    model, inputs, targets, mask = _family(family, backend)
+    model, inputs, targets, mask = small_family(family, backend)
     loss, cache = cross_entropy_forward(model.forward(*inputs), targets, mask=mask)
     model.zero_grad()
     model.backward(cross_entropy_backward(1.0, cache))

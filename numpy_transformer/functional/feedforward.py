@@ -20,6 +20,7 @@ import numpy as np
 
 from .._checks import check_choice
 from ..config import ACTIVATIONS, GATED_ACTIVATIONS
+from ..ownership import kept
 from . import activations
 from .linear import LinearCache, linear_backward, linear_forward
 
@@ -112,7 +113,7 @@ def compose_forward(x: np.ndarray, weights: Weights, activation: str, linear: Ca
     and the activation's ``(forward, backward)`` (a faster backend gives its own)."""
     act_forward, _ = pair
     x = x.copy()  # the cache keeps x and the matrices: the caller may write into its own
-    own = {name: (w.copy(), b) for name, (w, b) in weights.items()}
+    own = {name: (kept(w), b) for name, (w, b) in weights.items()}
     h, up = linear(x, *own["up"])  # (1) (..., F)
     gate = None
     if activation in GATED_ACTIVATIONS:

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._checks import check_float, check_last_dim, check_positive, check_shaped
+from ..ownership import kept
 
 # The operations of the backends (numpy_transformer.backend)
 __all__ = ['linear_forward', 'linear_backward', 'linear_heads_forward',
@@ -101,7 +102,8 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
     if b is not None:
         out += b
     # the cache owns what it keeps: the caller may write into x and w before the backward
-    return out, LinearCache(x.copy(), w.copy(), b is not None)
+    # (kept: a copy of w, or w itself inside one forward-and-backward call, ownership.py)
+    return out, LinearCache(x.copy(), kept(w), b is not None)
 
 
 def linear_backward(dout: np.ndarray, cache: LinearCache):
@@ -153,7 +155,8 @@ def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int)
             y += bs[i]  # (1)
         ys.append(split_heads(y, heads))  # (2) (B, H, T, D)
     # the cache owns what it keeps: the caller may write into x and ws before the backward
-    return tuple(ys), LinearHeadsCache(x.copy(), tuple(w.copy() for w in ws), bs is not None,
+    # (kept: see linear_forward)
+    return tuple(ys), LinearHeadsCache(x.copy(), tuple(kept(w) for w in ws), bs is not None,
                                        heads)
 
 

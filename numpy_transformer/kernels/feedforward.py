@@ -48,6 +48,7 @@ from ..functional.feedforward import (
     compose_forward,
 )
 from ..functional.linear import LinearCache
+from ..ownership import kept
 from ..threads import blas_on_calling_thread
 from . import activations
 from . import linear as fast_linear
@@ -169,7 +170,7 @@ def feed_forward_forward(x: np.ndarray, weights: dict, activation: str):
     x2 = np.ascontiguousarray(x).reshape(-1, w1.shape[0])  # (N, C)
     x_own, out = np.empty_like(x2), np.empty_like(x2)  # (N, C)
     h = np.empty((x2.shape[0], w1.shape[1]), dtype=x.dtype)  # (N, F)
-    w1, w2 = w1.copy(), w2.copy()  # the cache's own
+    w1, w2 = kept(w1), kept(w2)  # the cache's (ownership.py)
     with blas_on_calling_thread():
         _forward_kernel(x2, w1, b1, w2, b2, _chunks(x2.shape[0]), gemm_address(x.dtype), x_own,
                         h, out)

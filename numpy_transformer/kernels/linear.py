@@ -60,6 +60,7 @@ from ..functional.linear import (
     check_linear_inputs,
     merge_heads,
 )
+from ..ownership import kept
 from ..threads import blas_on_calling_thread
 from ._jit import jit_options
 from ._tiers import tiered
@@ -227,7 +228,7 @@ def _operands(x: np.ndarray, w: np.ndarray, b: np.ndarray | None):
     x2 = np.ascontiguousarray(x).reshape(-1, w.shape[0]).astype(dtype, copy=False)
     if np.may_share_memory(x2, x):  # the cache keeps x2: it must not be the caller's x
         x2 = x2.copy()
-    w = np.array(w, dtype=dtype)  # a copy, kept as well
+    w = kept(w, dtype)  # kept as well (ownership.py)
     return x2, w, (b.astype(dtype, copy=False) if has_bias else w[0]), has_bias
 
 

@@ -44,6 +44,7 @@ from numba import prange
 
 from .._checks import check_scalar, check_shaped
 from ..functional.norms import LayerNormCache, RMSNormCache, check_norm_inputs
+from ..ownership import kept
 from ._jit import jit_options
 from ._tiers import tiered
 from ._validate import check_cache, check_consistent, check_kernel_float
@@ -167,7 +168,7 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
     _layer_norm_forward_kernel(x2, w.astype(x.dtype, copy=False), b.astype(x.dtype, copy=False),
                                float(eps), _ROWS, out, x_hat, rstd)
     return (out.reshape(x.shape),
-            LayerNormCache(x_hat.reshape(x.shape), w.copy(), rstd.reshape(x.shape[:-1] + (1,))))
+            LayerNormCache(x_hat.reshape(x.shape), kept(w), rstd.reshape(x.shape[:-1] + (1,))))
 
 
 def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
@@ -244,7 +245,7 @@ def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
     _rms_norm_forward_kernel(x2, w.astype(x.dtype, copy=False), float(eps), _ROWS, out, x_hat,
                              rrms)
     return (out.reshape(x.shape),
-            RMSNormCache(x_hat.reshape(x.shape), w.copy(), rrms.reshape(x.shape[:-1] + (1,))))
+            RMSNormCache(x_hat.reshape(x.shape), kept(w), rrms.reshape(x.shape[:-1] + (1,))))
 
 
 def rms_norm_backward(dout: np.ndarray, cache: RMSNormCache):

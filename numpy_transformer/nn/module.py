@@ -12,6 +12,9 @@ The contract every module in ``numpy_transformer.nn`` follows:
   accumulation over micro-batches a loop of backwards.
 * Children are registered by name, in order, so every parameter has a dotted name such as
   ``blocks.0.attn.wq``.
+* ``loss_and_backward`` (the model families') runs a forward and its backward in one call:
+  its caches keep the weights uncopied, and let go of them when it returns (a backward of
+  that forward afterwards raises ``ValueError``; ``numpy_transformer/ownership.py``).
 * ``backward`` before any ``forward``, or with a gradient not shaped like the last forward's
   output (or not of its dtype), raises ``ValueError``. :class:`Module` checks this for every
   subclass: each subclass's ``forward`` records its output's shape and dtype in
@@ -29,6 +32,11 @@ import inspect
 from collections.abc import Callable, Iterator
 
 import numpy as np
+
+from ..ownership import let_go, weights_borrowed
+
+# grad_like of a module whose last forward's backward already ran inside loss_and_backward
+_SPENT = "spent"
 
 
 def _recording(forward: Callable) -> Callable:
@@ -52,6 +60,25 @@ def _checked(backward: Callable) -> Callable:
     return checked
 
 
+def _forward_and_backward(method: Callable) -> Callable:
+    """A model's ``loss_and_backward``: its forward and its backward in one call.
+
+    Inside the call the caches keep the weights themselves, not copies (nothing writes a
+    weight between that forward and its backward; ``numpy_transformer/ownership.py``). When
+    it returns, or raises, every module lets go of them (:meth:`Module.let_go`): no cache then
+    aliases a parameter, and a further backward of that forward raises ``ValueError``.
+    """
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with weights_borrowed() as borrowed:
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                for _, module in self.named_modules():
+                    module.let_go(borrowed)
+    return run
+
+
 class Module:
     """Base class: parameter and gradient dicts, ordered children, a train/eval flag."""
 
@@ -61,6 +88,8 @@ class Module:
             cls.forward = _recording(cls.forward)
         if "backward" in cls.__dict__:
             cls.backward = _checked(cls.backward)
+        if "loss_and_backward" in cls.__dict__:
+            cls.loss_and_backward = _forward_and_backward(cls.loss_and_backward)
 
     def __init__(self) -> None:
         self.params: dict[str, np.ndarray] = {}
@@ -105,6 +134,9 @@ class Module:
         what = type(self).__name__
         if self.grad_like is None:
             raise ValueError(f"{what}.backward needs a forward first")
+        if self.grad_like is _SPENT:
+            raise ValueError(f"{what}.backward: the backward of its last forward already ran "
+                             "in loss_and_backward; run a forward first")
         if self.grad_like is ...:
             return
         shape, dtype = self.grad_like
@@ -116,6 +148,15 @@ class Module:
         if dout.dtype != dtype:
             raise ValueError(f"{name} must be {dtype} like the output of {what}'s last "
                              f"forward, got {dout.dtype}")
+
+    def let_go(self, borrowed: list) -> None:
+        """Take the ``borrowed`` weights out of this module's caches (``ownership.let_go``)
+        and mark its last forward spent: its backward ran, inside ``loss_and_backward``."""
+        for name in ("cache", "loss_cache"):
+            if getattr(self, name, None) is not None:
+                setattr(self, name, let_go(getattr(self, name), borrowed))
+        if self.grad_like is not None:
+            self.grad_like = _SPENT
 
     # ------------------------------------------------------------------ parameters
     def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
