@@ -51,6 +51,9 @@ NEEDS_ITS_PARTNER = {
                                 "forward keeps"),
     "linear.linear_heads_forward": ("linear.linear_heads_backward",
                                     "its cache (the weights side by side) is the kernel's own"),
+    "feedforward.feed_forward_forward": ("feedforward.feed_forward_backward",
+                                         "its cache leaves out the activation's output, which "
+                                         "only the kernel backward makes again"),
     "head_loss.linear_cross_entropy_forward": ("head_loss.linear_cross_entropy_backward",
                                                "its cache (the gradients themselves) is the "
                                                "kernel's own"),

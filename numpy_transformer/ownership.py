@@ -1,47 +1,56 @@
-"""What a cache keeps of a weight: a copy of its own, or within one call the weight itself.
+"""What a cache keeps of an array its forward was given: a copy of its own, or, within one
+call that runs the forward and its backward, the array itself.
 
 A cache owns what it keeps. Between a forward and its backward the caller may write into a
-weight (an optimiser step, ``load_state_dict``, a reader's experiment), so every forward
-keeps a copy of the weights its backward needs: :func:`kept`.
+weight (an optimiser step, ``load_state_dict``, a reader's experiment) or into an input, so
+every forward keeps a copy of the arrays its backward needs: :func:`kept`.
 
 A model's ``loss_and_backward`` runs its forward and its backward in one call, and nothing
-writes a weight in between. Inside :func:`weights_borrowed` the caches therefore keep the
-weights themselves (GPT-2 small: 243 MiB of copies never made). When the call returns,
-:func:`let_go` takes every such weight out of the caches again, so that no cache aliases a
-parameter that the optimiser writes next; the activations stay for a reader to look at.
+writes into a weight or an activation in between: every module's forward makes new arrays,
+and a backward writes only into gradients. Inside :func:`borrowing` the caches therefore keep
+the arrays themselves (GPT-2 small: the weights' 324 MiB and 216 MiB of activations never
+copied). When the call returns, :func:`let_go` takes the parameters and the call's own
+inputs out of the caches again, so that no cache aliases an array that the optimiser or the
+caller writes next; the activations the call made stay for a reader to look at.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
 import numpy as np
 
-# the weights the caches kept inside the innermost weights_borrowed(), None outside it
+# the arrays the caches kept inside the innermost borrowing(), None outside it
 _BORROWED: ContextVar[list | None] = ContextVar("borrowed", default=None)
 
 
-def kept(w: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
-    """What a forward's cache keeps of the weight ``w``, as ``dtype`` (default: its own).
+def kept(a: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
+    """What a forward's cache keeps of the array ``a``, as ``dtype`` (default: its own).
 
-    A copy of its own; inside :func:`weights_borrowed`, ``w`` itself when no cast is needed.
+    A copy of its own (``a.copy()``, or ``np.array(a, dtype)`` for a ``dtype``); inside
+    :func:`borrowing`, ``a`` itself when no cast is needed.
     """
     borrowed = _BORROWED.get()
-    if borrowed is None or (dtype is not None and np.dtype(dtype) != w.dtype):
-        return w.copy() if dtype is None else np.array(w, dtype=dtype)
-    borrowed.append(w)
-    return w
+    if borrowed is None or (dtype is not None and np.dtype(dtype) != a.dtype):
+        return a.copy() if dtype is None else np.array(a, dtype=dtype)
+    borrowed.append(a)
+    return a
+
+
+def is_borrowing() -> bool:
+    """Whether a cache made now may keep what it is given (inside :func:`borrowing`)."""
+    return _BORROWED.get() is not None
 
 
 @contextmanager
-def weights_borrowed() -> Iterator[list]:
-    """Within the block, caches keep weights uncopied; yields the list of those weights.
+def borrowing() -> Iterator[list]:
+    """Within the block, :func:`kept` returns its array uncopied; yields the list of those.
 
-    Only for a block that runs a forward and its backward and nothing else: the caller then
-    lets go of the weights with :func:`let_go` before anyone can write into them.
+    Only for a block that runs a forward and its backward and nothing else in between; the
+    caller then lets go of the arrays it or the optimiser may write (:func:`let_go`).
     """
     borrowed: list = []
     token = _BORROWED.set(borrowed)
@@ -51,10 +60,22 @@ def weights_borrowed() -> Iterator[list]:
         _BORROWED.reset(token)
 
 
-def let_go(cache: object, borrowed: list) -> object:
-    """``cache`` with every array of ``borrowed`` in it (at any depth of its tuples and
+def owner(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (``a`` itself, or the base of its views)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def to_let_go(borrowed: list, protected: Iterable[np.ndarray]) -> set[int]:
+    """The ids of the ``borrowed`` arrays whose memory is one of the ``protected`` arrays'."""
+    owners = {id(owner(a)) for a in protected}
+    return {id(a) for a in borrowed if id(owner(a)) in owners}
+
+
+def let_go(cache: object, ids: set[int]) -> object:
+    """``cache`` with every array whose id is in ``ids`` (at any depth of its tuples and
     dataclasses) replaced by ``None``; the same object when it holds none of them."""
-    ids = {id(w) for w in borrowed}
     return _without(cache, ids) if ids else cache
 
 

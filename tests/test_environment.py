@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from _aliasing_helpers import upstream
 from _run_helpers import one_line_error, run_cli
-from test_aliasing import PAIR_CASES
+from test_aliasing import PAIR_CASES, _feed_forward
 
 from numpy_transformer import cli
 from numpy_transformer.backend import NEEDS_ITS_PARTNER, get_backend, kernel_selection
-from numpy_transformer.config import KERNEL_MODULES
+from numpy_transformer.config import ACTIVATIONS, KERNEL_MODULES
 from numpy_transformer.runs.environment import VARIABLES
 
 # A value each variable refuses, and what the refusal says.
@@ -69,14 +69,16 @@ def test_a_kernel_that_needs_its_partner_is_refused_alone(kernel, monkeypatch):
     assert code == 2 and one_line_error(err) and partner in err, err
 
 
-def _runs_beside(forward, backward, build) -> bool:
-    """Whether ``backward`` takes the cache of ``forward`` on the pair's aliasing case."""
-    case = build(np.random.default_rng(0), np.dtype("float64"))
-    outputs, cache = case.split(forward(*case.args, **case.kwargs))
-    try:
-        case.call(backward, upstream(outputs, 1), cache)
-    except (ValueError, TypeError):
-        return False
+def _runs_beside(forward, backward, builds) -> bool:
+    """Whether ``backward`` takes the cache of ``forward`` on every one of the pair's aliasing
+    cases (the feed-forward network's: one for each activation)."""
+    for build in builds:
+        case = build(np.random.default_rng(0), np.dtype("float64"))
+        outputs, cache = case.split(forward(*case.args, **case.kwargs))
+        try:
+            case.call(backward, upstream(outputs, 1), cache)
+        except (ValueError, TypeError, AttributeError):
+            return False
     return True
 
 
@@ -90,12 +92,13 @@ def test_the_kernels_that_need_their_partner_are_exactly_those_the_table_names()
             if backward not in ops:
                 continue
             tried += 1
-            build = PAIR_CASES[pair]
+            builds = ([_feed_forward(a) for a in ACTIVATIONS] if pair == "feed_forward"
+                      else [PAIR_CASES[pair]])
             if not _runs_beside(getattr(numba_ops, forward), getattr(numpy_ops, backward),
-                                build):
+                                builds):
                 needy.add(f"{module}.{forward}")
             if not _runs_beside(getattr(numpy_ops, forward), getattr(numba_ops, backward),
-                                build):
+                                builds):
                 needy.add(f"{module}.{backward}")
     assert tried > 10 and needy == set(NEEDS_ITS_PARTNER)
 

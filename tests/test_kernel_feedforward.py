@@ -122,6 +122,29 @@ def test_the_one_pass_kernel_is_bit_for_bit_the_numba_pieces():
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("activation", fast_ffn._MADE_AGAIN)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_gelu_network_makes_its_activation_again_with_the_same_bits(activation, dtype):
+    """The cache leaves out a = gelu(h) (``down.x``), a third of what the network keeps; the
+    backward makes it again: the very numbers of the pieces composed with a kept."""
+    x, weights, g = _problem((2, 150, 6), 9, dtype, activation)
+    out, cache = fast_ffn.feed_forward_forward(x, weights, activation)
+    assert cache.down.x is None and cache.act.shape == (2, 150, 9)
+    dx, grads = fast_ffn.feed_forward_backward(g, cache)
+    pair = fast_ffn._activation_pair(activation)
+    out_c, cache_c = ref_ffn.compose_forward(x, weights, activation,
+                                             fast_ffn.fast_linear.linear_forward, pair)
+    assert cache_c.down.x is not None  # the control: composed as the reference, a is kept
+    dx_c, grads_c = fast_ffn.feed_forward_backward(g, cache_c)  # a reference-shaped cache
+    np.testing.assert_array_equal(out, out_c)
+    np.testing.assert_array_equal(dx, dx_c)
+    for name in grads:
+        for a, b in zip(grads[name], grads_c[name], strict=True):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="got x NoneType"):  # not the reference's cache
+        ref_ffn.feed_forward_backward(g, cache)
+
+
 @pytest.mark.parametrize("shape", [(21, 6), (1301, 6)])
 def test_relu_ffn_keeps_nan(shape):
     x, weights, _ = _problem(shape, 9, np.float64)

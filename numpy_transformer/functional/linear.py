@@ -109,6 +109,9 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
 def linear_backward(dout: np.ndarray, cache: LinearCache):
     """Returns ``(dx, dw, db)``; ``db`` is ``None`` when the forward had no bias."""
     x, w, has_bias = cache
+    if not (isinstance(x, np.ndarray) and isinstance(w, np.ndarray)):
+        raise ValueError("cache must be the LinearCache that linear_forward returns, with "
+                         f"its x and w; got x {type(x).__name__}, w {type(w).__name__}")
     c_in, c_out = w.shape
     check_shaped("dout", dout, x.shape[:-1] + (c_out,))
     x2, dout2 = x.reshape(-1, c_in), dout.reshape(-1, c_out)  # fold all leading axes: (N, C)

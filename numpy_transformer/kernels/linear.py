@@ -60,7 +60,7 @@ from ..functional.linear import (
     check_linear_inputs,
     merge_heads,
 )
-from ..ownership import kept
+from ..ownership import is_borrowing, kept
 from ..threads import blas_on_calling_thread
 from ._jit import jit_options
 from ._tiers import tiered
@@ -86,8 +86,10 @@ _JIT = jit_options()
 
 
 class HeadsKernelCache(NamedTuple):
-    x: np.ndarray  # (B, T, C_in) C-contiguous, the forward's own copy
-    w: np.ndarray  # (C_in, S C): the S weights side by side, the forward's own
+    x: np.ndarray  # (B, T, C_in) C-contiguous, the forward's own copy (ownership.kept)
+    # (C_in, S C): the S weights side by side, the forward's own; or, made inside
+    # ownership.borrowing(), the tuple of the S weights themselves
+    w: np.ndarray | tuple
     has_bias: bool
     groups: int  # S
     heads: int  # H
@@ -304,7 +306,10 @@ def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int)
     with blas_on_calling_thread():
         _forward_heads_kernel(x2, w, bias, has_bias, _chunks(x2.shape[0]),
                               numba.get_num_threads(), gemm_address(w.dtype), out)
-    return tuple(out), HeadsKernelCache(x2.reshape(x.shape), w, has_bias, groups, heads)
+    # the cache: the weights side by side; inside one forward-and-backward call, the weights
+    # themselves, which the backward puts side by side again (ownership.py)
+    own_w = tuple(kept(wi, w.dtype) for wi in ws) if is_borrowing() else w
+    return tuple(out), HeadsKernelCache(x2.reshape(x.shape), own_w, has_bias, groups, heads)
 
 
 def linear_heads_backward(dys: tuple, cache):
@@ -317,6 +322,8 @@ def linear_heads_backward(dys: tuple, cache):
         return reference.linear_heads_backward(dys, cache)
     check_cache(cache, HeadsKernelCache, "linear_heads_forward")
     x, w, has_bias, groups, heads = cache
+    if isinstance(w, tuple) and all(isinstance(wi, np.ndarray) for wi in w):
+        w = np.concatenate(w, axis=1)  # (C_in, S C): the forward's weights side by side
     check_consistent(cache, isinstance(x, np.ndarray) and isinstance(w, np.ndarray)
                      and x.ndim == 3 and w.ndim == 2 and x.shape[2] == w.shape[0]
                      and x.flags.c_contiguous and w.dtype == x.dtype

@@ -13,8 +13,9 @@ The contract every module in ``numpy_transformer.nn`` follows:
 * Children are registered by name, in order, so every parameter has a dotted name such as
   ``blocks.0.attn.wq``.
 * ``loss_and_backward`` (the model families') runs a forward and its backward in one call:
-  its caches keep the weights uncopied, and let go of them when it returns (a backward of
-  that forward afterwards raises ``ValueError``; ``numpy_transformer/ownership.py``).
+  its caches keep what they are given uncopied, and let go of the parameters when it returns
+  (a backward of that forward afterwards raises ``ValueError``;
+  ``numpy_transformer/ownership.py``).
 * ``backward`` before any ``forward``, or with a gradient not shaped like the last forward's
   output (or not of its dtype), raises ``ValueError``. :class:`Module` checks this for every
   subclass: each subclass's ``forward`` records its output's shape and dtype in
@@ -33,7 +34,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from ..ownership import let_go, weights_borrowed
+from ..ownership import borrowing, let_go, to_let_go
 
 # grad_like of a module whose last forward's backward already ran inside loss_and_backward
 _SPENT = "spent"
@@ -63,19 +64,23 @@ def _checked(backward: Callable) -> Callable:
 def _forward_and_backward(method: Callable) -> Callable:
     """A model's ``loss_and_backward``: its forward and its backward in one call.
 
-    Inside the call the caches keep the weights themselves, not copies (nothing writes a
-    weight between that forward and its backward; ``numpy_transformer/ownership.py``). When
-    it returns, or raises, every module lets go of them (:meth:`Module.let_go`): no cache then
-    aliases a parameter, and a further backward of that forward raises ``ValueError``.
+    Inside the call the caches keep the arrays they are given, not copies (nothing writes
+    into a weight or an activation between that forward and its backward;
+    ``numpy_transformer/ownership.py``). When it returns, or raises, every module lets go of
+    the parameters and of the call's own array arguments (:meth:`Module.let_go`): no cache then
+    aliases memory that anyone writes later, and a further backward of that forward raises
+    ``ValueError``.
     """
     @functools.wraps(method)
     def run(self, *args, **kwargs):
-        with weights_borrowed() as borrowed:
+        with borrowing() as borrowed:
             try:
                 return method(self, *args, **kwargs)
             finally:
+                inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray)]
+                ids = to_let_go(borrowed, [p for p, _ in self.parameters()] + inputs)
                 for _, module in self.named_modules():
-                    module.let_go(borrowed)
+                    module.let_go(ids)
     return run
 
 
@@ -149,12 +154,12 @@ class Module:
             raise ValueError(f"{name} must be {dtype} like the output of {what}'s last "
                              f"forward, got {dout.dtype}")
 
-    def let_go(self, borrowed: list) -> None:
-        """Take the ``borrowed`` weights out of this module's caches (``ownership.let_go``)
+    def let_go(self, ids: set[int]) -> None:
+        """Take the arrays of these ``ids`` out of this module's caches (``ownership.let_go``)
         and mark its last forward spent: its backward ran, inside ``loss_and_backward``."""
         for name in ("cache", "loss_cache"):
             if getattr(self, name, None) is not None:
-                setattr(self, name, let_go(getattr(self, name), borrowed))
+                setattr(self, name, let_go(getattr(self, name), ids))
         if self.grad_like is not None:
             self.grad_like = _SPENT
 
