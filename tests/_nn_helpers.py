@@ -5,15 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from numpy_transformer import nn
 from numpy_transformer.gradcheck import GradcheckReport
-from numpy_transformer.nn import (
-    LSTMLM,
-    DecoderLM,
-    EncoderClassifier,
-    EncoderDecoder,
-    LSTMConfig,
-    TransformerConfig,
-)
 
 TOL = 1e-6
 
@@ -42,12 +35,12 @@ def small_family(name: str, backend: str):
     mask = rng.random((3, 8)) > 0.2
     lengths = np.array([8, 5, 3])
     if name == "EncoderClassifier":
-        return (EncoderClassifier(TransformerConfig(**cfg, num_classes=5)), (tokens, lengths),
-                targets % 5, mask)
+        return (nn.EncoderClassifier(nn.TransformerConfig(**cfg, num_classes=5)),
+                (tokens, lengths), targets % 5, mask)
     if name == "EncoderDecoder":
-        return (EncoderDecoder(TransformerConfig(**cfg)),
+        return (nn.EncoderDecoder(nn.TransformerConfig(**cfg)),
                 (tokens, rng.integers(0, 13, size=(3, 8)), lengths), targets, mask)
     if name == "LSTMLM":
-        return (LSTMLM(LSTMConfig(vocab=13, hidden=8, embed=6, max_len=8, backend=backend)),
-                (tokens,), targets, mask)
-    return DecoderLM(TransformerConfig(**cfg)), (tokens,), targets, mask
+        config = nn.LSTMConfig(vocab=13, hidden=8, embed=6, max_len=8, backend=backend)
+        return nn.LSTMLM(config), (tokens,), targets, mask
+    return nn.DecoderLM(nn.TransformerConfig(**cfg)), (tokens,), targets, mask
