@@ -13,7 +13,7 @@ The contract every module in ``numpy_transformer.nn`` follows:
 * Children are registered by name, in order, so every parameter has a dotted name such as
   ``blocks.0.attn.wq``.
 * ``loss_and_backward`` (the model families') runs a forward and its backward in one call:
-  its caches keep what they are given uncopied, and let go of the parameters when it returns
+  its caches keep the weights uncopied, and let go of the parameters when it returns
   (a backward of that forward afterwards raises ``ValueError``;
   ``numpy_transformer/ownership.py``).
 * ``backward`` before any ``forward``, or with a gradient not shaped like the last forward's
@@ -64,12 +64,11 @@ def _checked(backward: Callable) -> Callable:
 def _forward_and_backward(method: Callable) -> Callable:
     """A model's ``loss_and_backward``: its forward and its backward in one call.
 
-    Inside the call the caches keep the arrays they are given, not copies (nothing writes
-    into a weight or an activation between that forward and its backward;
-    ``numpy_transformer/ownership.py``). When it returns, or raises, every module lets go of
-    the parameters and of the call's own array arguments (:meth:`Module.let_go`): no cache then
-    aliases memory that anyone writes later, and a further backward of that forward raises
-    ``ValueError``.
+    Inside the call the caches keep the weights they are given, not copies (nothing writes
+    into a weight between that forward and its backward; ``numpy_transformer/ownership.py``).
+    When it returns, or raises, every module lets go of the parameters and of the call's own
+    array arguments (:meth:`Module.let_go`): no cache then aliases memory that anyone writes
+    later, and a further backward of that forward raises ``ValueError``.
     """
     @functools.wraps(method)
     def run(self, *args, **kwargs):
