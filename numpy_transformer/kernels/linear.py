@@ -222,15 +222,16 @@ def _check_inputs(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> None:
             check_kernel_float(name, a)
 
 
-def _operands(x: np.ndarray, w: np.ndarray, b: np.ndarray | None):
+def _operands(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, new_w: bool = False):
     """``(x2, w, bias, has_bias)`` for the forward kernels: x as C-contiguous (N, C_in), all in
-    NumPy's promoted dtype of ``x @ w + b``; without a bias, ``w[0]`` is an unused stand-in."""
+    NumPy's promoted dtype of ``x @ w + b``; without a bias, ``w[0]`` is an unused stand-in.
+    The cache keeps w: the caller's is ``kept``, a ``new_w`` (made by the caller) only cast."""
     has_bias = b is not None
     dtype = np.result_type(x, w, *((b,) if has_bias else ()))
     x2 = np.ascontiguousarray(x).reshape(-1, w.shape[0]).astype(dtype, copy=False)
     if np.may_share_memory(x2, x):  # the cache keeps x2: it must not be the caller's x
         x2 = x2.copy()
-    w = kept(w, dtype)  # kept as well (ownership.py)
+    w = w.astype(dtype, copy=False) if new_w else kept(w, dtype)  # (ownership.py)
     return x2, w, (b.astype(dtype, copy=False) if has_bias else w[0]), has_bias
 
 
@@ -300,7 +301,7 @@ def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int)
     bsz, t, _ = x.shape
     w = np.concatenate(ws, axis=1)  # (C_in, S C), a new array the cache keeps
     b = None if bs is None else np.concatenate(bs)  # (S C,)
-    x2, w, bias, has_bias = _operands(x, w, b)  # x2: (N, C_in)
+    x2, w, bias, has_bias = _operands(x, w, b, new_w=True)  # x2: (N, C_in)
     groups, c = len(ws), ws[0].shape[1]
     out = np.empty((groups, bsz, heads, t, c // heads), dtype=w.dtype)  # (S, B, H, T, D)
     with blas_on_calling_thread():
