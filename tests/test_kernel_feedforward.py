@@ -154,10 +154,11 @@ def test_relu_ffn_keeps_nan(shape):
     assert np.isnan(cache.act[4]).all()
 
 
-def test_feedforward_on_the_kernel_passes_gradcheck_and_matches_numpy():
+@pytest.mark.parametrize("activation", ["relu", *fast_ffn._MADE_AGAIN])  # one pass; made again
+def test_feedforward_on_the_kernel_passes_gradcheck_and_matches_numpy(activation):
     rng = np.random.default_rng(4)
     x = rng.standard_normal((2, 150, 6))  # 300 rows: the kernel's chunks
-    ffns = [FeedForward(6, 10, "relu", rng=np.random.default_rng(8), backend=backend)
+    ffns = [FeedForward(6, 10, activation, rng=np.random.default_rng(8), backend=backend)
             for backend in ("numpy", "numba")]
     assert ffns[0].ops.feed_forward_forward is ref_ffn.feed_forward_forward
     assert ffns[1].ops.feed_forward_forward is fast_ffn.feed_forward_forward
@@ -167,7 +168,7 @@ def test_feedforward_on_the_kernel_passes_gradcheck_and_matches_numpy():
     assert rel_err(outs[1], outs[0]) <= 1e-12 and rel_err(dxs[1], dxs[0]) <= 1e-12
     for name, want in ffns[0].grads.items():
         assert rel_err(ffns[1].grads[name], want) <= 1e-12, name
-    fresh = FeedForward(6, 10, "relu", rng=np.random.default_rng(8), backend="numba")
+    fresh = FeedForward(6, 10, activation, rng=np.random.default_rng(8), backend="numba")
     assert_gradcheck(check_module(fresh, {"x": x}), fresh)
 
 
