@@ -30,10 +30,11 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType, SimpleNamespace
 
 from . import functional
@@ -94,7 +95,12 @@ def kernel_selection() -> tuple[str, ...]:
     value = os.environ.get(KERNELS_VARIABLE)
     if value is None:
         return KERNEL_MODULES
-    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    return _checked(tuple(name.strip() for name in value.split(",") if name.strip()))
+
+
+def _checked(names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` if each is a kernel module or ``module.operation`` with its partner (see
+    :func:`kernel_selection`), else ``ValueError``."""
     for name in names:
         module_name, _, operation = name.partition(".")
         if module_name not in KERNEL_MODULES or "." in operation:
@@ -124,11 +130,17 @@ def _kernels(names: tuple[str, ...]) -> dict[str, Callable]:
 
 
 @functools.cache
-def _build(name: str) -> Backend:
+def _build(name: str, kernels: tuple[str, ...] | None = None) -> Backend:
+    """The backend ``name``; for ``"numba"``, with the ``kernels`` named (default: those of
+    :func:`kernel_selection`)."""
     ops = {op: getattr(functional, op) for op in functional.__all__}
     if name == "numba":  # imported only now: the first import compiles or loads the kernels
-        ops.update(_kernels(kernel_selection()))
+        ops.update(_kernels(kernel_selection() if kernels is None else kernels))
     return Backend(name=name, **ops)
+
+
+# The kernels that "numba" stands for inside only_kernels (None: kernel_selection()'s)
+_only: tuple[str, ...] | None = None
 
 
 def get_backend(backend: str | Backend = DEFAULT_BACKEND) -> Backend:
@@ -141,4 +153,27 @@ def get_backend(backend: str | Backend = DEFAULT_BACKEND) -> Backend:
     """
     if isinstance(backend, Backend):
         return backend
-    return _build(check_choice("backend", backend, BACKENDS))
+    name = check_choice("backend", backend, BACKENDS)
+    return _build(name, _only if name == "numba" else None)
+
+
+@contextlib.contextmanager
+def only_kernels(names: tuple[str, ...]) -> Iterator[None]:
+    """Inside the block, ``get_backend("numba")`` takes the kernels ``names`` alone (kernel
+    modules, or ``module.operation``, as ``NUMPY_TRANSFORMER_KERNELS`` names them), the other
+    operations their references; a model or optimiser built inside keeps that backend.
+
+    For one process to compile some of a run's kernels while another compiles the rest
+    (:mod:`numpy_transformer.compile_ahead`). One block at a time: not for threads.
+
+    Raises
+    ------
+    ValueError
+        As :func:`kernel_selection` for the variable.
+    """
+    global _only
+    previous, _only = _only, _checked(tuple(names))
+    try:
+        yield
+    finally:
+        _only = previous

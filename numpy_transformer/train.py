@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -24,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .backend import Backend, get_backend
+from .compile_ahead import compile_ahead
 from .data import get_batch
 from .optim import clip_grad_norm, global_norm
 
@@ -130,7 +132,9 @@ class Trainer:
         """One full optimisation step; returns its log record.
 
         Its start is a step boundary: kernels whose parallel tier a background process has
-        compiled meanwhile run it from here on (``kernels/_tiers.py``).
+        compiled meanwhile run it from here on (``kernels/_tiers.py``). Before the trainer's
+        first step, on an empty Numba cache, a worker process compiles the largest kernels
+        while this one compiles the others (``compile_ahead.py``).
 
         Parameters
         ----------
@@ -149,6 +153,11 @@ class Trainer:
         tiers = sys.modules.get(_TIERS)
         if tiers is not None:
             tiers.poll(steps_left)
+        if self.step_count == 0:  # on an empty Numba cache: the kernels in two processes
+            failed = compile_ahead(self.model, batch)
+            if failed not in (None, "compiled"):
+                warnings.warn(f"{failed}; the step compiles what it left", RuntimeWarning,
+                              stacklevel=2)
         step = self.step_count + 1
         loss = self.loss_and_grads(batch)
         params, grads = self.named_arrays()

@@ -1,6 +1,7 @@
 """Shared by the tests of the row-chunked kernels (``kernels/linear.py``,
 ``kernels/feedforward.py``, ``kernels/head_loss.py``): tolerances, the relative error, the
-gradients' comparison, the two-thread marker."""
+gradients' comparison, the two-thread marker; and the way a test calls a helper of the
+compiled kernels."""
 
 from __future__ import annotations
 
@@ -30,3 +31,9 @@ def assert_gradients_match(got: tuple, want: tuple, dtype) -> None:
             continue
         assert g.dtype == dtype and g.shape == w.shape, name
         assert rel_err(g, w) <= TOL[dtype], f"{name}: {rel_err(g, w):.3g}"
+
+
+def from_python(helper):
+    """``helper``, a helper of the compiled kernels (``kernels/_jit.py``: built without a
+    wrapper for calls from Python), callable from Python: through a compiled function."""
+    return numba.njit(lambda *args: helper(*args))

@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy_transformer
 
@@ -126,3 +127,37 @@ def test_editing_a_file_compiled_into_kernels_recompiles_them(tmp_path):
     assert cross_entropy in compiled()
     edit("activations.py")  # a kernel's own file: that kernel alone
     assert compiled() == {relu}
+
+
+def test_a_kernel_that_cannot_be_cached_is_warned_about():
+    # Numba refuses to cache a function holding dynamic globals with a warning that names
+    # the function's file, which it asks the locator for (kernels/_jit.py's wraps Numba's)
+    import pytest
+    from numba.core.errors import NumbaWarning
+
+    from numpy_transformer.kernels import _jit
+    from numpy_transformer.kernels.activations import _relu_forward_kernel
+
+    impl = _relu_forward_kernel.serial._cache._impl
+    assert isinstance(impl.locator, _jit.KernelCacheLocator)
+    unfit = SimpleNamespace(lifted=(), library=SimpleNamespace(has_dynamic_globals=True),
+                            fndesc=SimpleNamespace(qualname="relu_forward"))
+    with pytest.warns(NumbaWarning, match="Cannot cache compiled function \"relu_forward\""):
+        assert not impl.check_cachable(unfit)
+
+
+def test_a_helper_of_the_kernels_refuses_a_call_from_python():
+    # built without the wrapper for calls from Python (kernels/_jit.py): a call would run
+    # code that is not there; the kernels call it, and so does a compiled function of a test
+    import numba
+    import numpy as np
+    import pytest
+
+    from numpy_transformer.kernels import _attention_kernels, _jit
+
+    helper = _attention_kernels._key_piece
+    assert isinstance(helper, _jit.CompiledOnly)
+    with pytest.raises(TypeError, match="_key_piece is a helper of the compiled kernels"):
+        helper(128, 64)
+    assert numba.njit(lambda d, n: helper(d, n))(64, 128) == helper.py_func(64, 128)
+    assert np.issubdtype(type(helper.py_func(64, 128)), np.integer)

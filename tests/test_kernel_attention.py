@@ -10,6 +10,7 @@ with an empty Numba cache, well under a second from the cache).
 
 import numpy as np
 import pytest
+from _kernel_helpers import from_python
 
 from numpy_transformer.functional import attention as ref
 from numpy_transformer.functional.linear import merge_heads
@@ -23,6 +24,12 @@ from numpy_transformer.kernels import special
 TOL = {np.float64: 1e-12, np.float32: 1e-5}
 B, H, D = 2, 3, 8
 T = 2 * compiled._BLOCK_Q + 3  # three query blocks of the kernel, the last one holding 3 rows
+# the helpers tested on their own (compiled code calls them: kernels/_jit.py's helper)
+key_piece, first_row, full_keys, scores_t, keys_product, queries_product = map(from_python, (
+    compiled._key_piece, compiled._first_row, compiled._full_keys, compiled._scores_t,
+    compiled._keys_product, compiled._queries_product))
+exp_shifted_f64, exp_shifted_f32 = map(from_python, (special._exp_shifted_f64,
+                                                     special._exp_shifted_f32))
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -96,7 +103,7 @@ def test_kernel_matches_reference(kind, dtype):
 def test_wide_heads_multiply_in_pieces(kind, dtype):
     """At D = 64 the products along the keys run in pieces of 122 keys (OpenBLAS's small
     matrices), several per block here: the pieces must add up to the whole products."""
-    assert compiled._key_piece(compiled._BLOCK_Q, 64) < T
+    assert key_piece(compiled._BLOCK_Q, 64) < T
     rng = np.random.default_rng(5)
     t_q, t_k, mask, bias = make_case(kind, rng)
     want, got, _ = run_both(t_q, t_k, mask, bias, dtype, rng, d=64)
@@ -117,21 +124,21 @@ def test_products_in_pieces_match_numpy(causal):
     i0, n, d, t = 1024, 128, 16, 1200
     k_hi = i0 + n if causal else t
     visible = np.arange(n)[None, :] >= np.array(
-        [compiled._first_row(j, i0, n, t, t, causal) for j in range(k_hi)])[:, None]  # (k_hi, n)
-    full = compiled._full_keys(k_hi, i0, t, t, causal)
-    assert (full == k_hi) != causal and 2 * compiled._key_piece(d, n) < full
+        [first_row(j, i0, n, t, t, causal) for j in range(k_hi)])[:, None]  # (k_hi, n)
+    full = full_keys(k_hi, i0, t, t, causal)
+    assert (full == k_hi) != causal and 2 * key_piece(d, n) < full
     a, b_t, x_q, x_k = (rng.standard_normal(s) for s in ((k_hi, d), (d, n), (n, d), (k_hi, d)))
     fn = ker.gemm_address(np.float64)
     scores = np.full((k_hi, n), np.nan)
-    compiled._scores_t(a, b_t, scores, i0, n, t, t, causal, fn)
+    scores_t(a, b_t, scores, i0, n, t, t, causal, fn)
     assert rel_err(scores[visible], (a @ b_t)[visible]) <= 1e-13
     weights = np.where(visible, rng.standard_normal((k_hi, n)), 0.0)  # zero where hidden
     before = rng.standard_normal((k_hi, d))  # the keys' product adds into its output
     out = before.copy()
-    compiled._keys_product(weights, x_q, out, i0, n, t, t, causal, fn)
+    keys_product(weights, x_q, out, i0, n, t, t, causal, fn)
     assert rel_err(out, before + weights @ x_q) <= 1e-13
     out = np.full((n, d), np.nan)
-    compiled._queries_product(weights, x_k, out, i0, n, t, t, causal, fn)
+    queries_product(weights, x_k, out, i0, n, t, t, causal, fn)
     assert rel_err(out, weights.T @ x_k) <= 1e-13
 
 
@@ -256,8 +263,8 @@ def test_vectorised_exp_matches_numpy(dtype):
                         [0.0, -np.inf]]).astype(dtype)
     shift = 0.25
     got = (x + dtype(shift)).astype(dtype)
-    special._exp_shifted_f64(got, len(got), shift) if dtype == np.float64 \
-        else special._exp_shifted_f32(got, len(got), shift)
+    exp_shifted_f64(got, len(got), shift) if dtype == np.float64 \
+        else exp_shifted_f32(got, len(got), shift)
     want = np.exp((x + dtype(shift)).astype(np.float64) - shift)
     assert got[-1] == 0.0
     ulp = np.finfo(dtype).eps
@@ -268,8 +275,8 @@ def test_vectorised_exp_matches_numpy(dtype):
 def test_vectorised_exp_gives_nan_for_nan(dtype):
     """NaN in, NaN out, as np.exp: a NaN score must not count as a weight of 0."""
     x = np.array([-1.0, np.nan, -np.inf, -1e4], dtype=dtype)
-    special._exp_shifted_f64(x, 4, 0.0) if dtype == np.float64 \
-        else special._exp_shifted_f32(x, 4, 0.0)
+    exp_shifted_f64(x, 4, 0.0) if dtype == np.float64 \
+        else exp_shifted_f32(x, 4, 0.0)
     assert np.isnan(x[1]) and x[2] == 0.0 and x[3] == 0.0 and np.isfinite(x[0])
 
 

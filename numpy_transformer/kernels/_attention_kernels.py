@@ -67,9 +67,9 @@ import math
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from ._jit import jit_options
+from ._jit import helper, jit_options
 from ._tiers import tiered
 from .blas import gemm
 from .special import exp_clamped
@@ -90,7 +90,7 @@ _JIT = jit_options(fastmath=False)
 # and every query keeps its own running max and sum.
 # ---------------------------------------------------------------------------------------------
 
-@njit(**_JIT)
+@helper(_JIT)
 def _key_end(i, b, t_q, t_k, causal, kv_len):
     # (3) the structured part of the mask: query i of batch entry b sees keys j < _key_end
     end = kv_len[b]
@@ -99,7 +99,7 @@ def _key_end(i, b, t_q, t_k, causal, kv_len):
     return max(end, 0)
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _first_row(j, i0, n, t_q, t_k, causal):
     # (3) the same structure seen from key j: rows r < _first_row of the block starting at
     # query i0 are hidden from it (j >= i + 1 + t_k - t_q), rows from there on see it
@@ -108,7 +108,7 @@ def _first_row(j, i0, n, t_q, t_k, causal):
     return min(max(j + t_q - t_k - i0, 0), n)
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _mask_scores(s_t, i0, n, b, h, t_q, t_k, causal, mask, mstr, has_mask, bias, bstr,
                  has_bias):
     # (2)-(3) in place on the visible part of s_t (k_hi, n): s += bias; s = -inf where masked
@@ -132,28 +132,28 @@ def _mask_scores(s_t, i0, n, b, h, t_q, t_k, causal, mask, mstr, has_mask, bias,
 # that is only known at run time (range(lo, n)) is not turned into SIMD code, because the
 # compiler must then allow for a negative index, which NumPy semantics wrap around.
 
-@njit(**_JIT)
+@helper(_JIT)
 def _max_into(m, x):
     # m = max(m, x) entry by entry.  m, x: (n,)
     for r in range(x.size):
         m[r] = max(m[r], x[r])
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _add_into(acc, x):
     # acc += x entry by entry.  acc, x: (n,), any float dtypes
     for r in range(x.size):
         acc[r] += x[r]
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _exp_minus(x, shift):
     # x = exp(x - shift) entry by entry, 0 where x = -inf.  x, shift: (n,)
     for r in range(x.size):
         x[r] = exp_clamped(x[r] - shift[r])
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _softmax_backward_into(p, ds, lse_hi, lse_lo, delta):
     # in place, entry by entry: p holds s -> p, ds holds dp -> ds.  All (n,), one dtype.
     # lse in two parts: in float32 the pair keeps the float64 lse's precision
@@ -164,7 +164,7 @@ def _softmax_backward_into(p, ds, lse_hi, lse_lo, delta):
         ds[r] = pr * (ds[r] - delta[r])
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _column_max(s_t, i0, n, t_q, t_k, causal, m):
     # (4) m[r] = max_j s[i0 + r, j] over the visible keys, -inf if there are none.
     # s_t: (k_hi, n), m: (>= n,) of s_t's dtype
@@ -174,7 +174,7 @@ def _column_max(s_t, i0, n, t_q, t_k, causal, m):
         _max_into(m[lo:n], s_t[j, lo:n])
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _exp_columns(e_t, i0, n, t_q, t_k, causal, m, z):
     # (4) in place on e_t (k_hi, n): e = exp(s - m[r]), z[r] = sum_j e; 0 where hidden or
     # masked. z: (>= n,) float64, already zeroed. Two loops per row of keys: with the float64
@@ -188,7 +188,7 @@ def _exp_columns(e_t, i0, n, t_q, t_k, causal, m, z):
         _add_into(z[lo:n], e_t[j, lo:n])
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _softmax_backward_columns(p_t, ds_t, i0, n, t_q, t_k, causal, lse_hi, lse_lo, delta):
     # in place on the transposed block: p_t (k_hi, n) holds s^T -> p^T; ds_t holds
     # dp^T -> ds^T. lse_hi, lse_lo, delta: (>= n,)
@@ -200,7 +200,7 @@ def _softmax_backward_columns(p_t, ds_t, i0, n, t_q, t_k, causal, lse_hi, lse_lo
                                delta[lo:n])
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _copy_rows(src, rows, scale, dst):
     # dst[:rows] = src[:rows] * scale: gathers a strided (rows, D) slice into contiguous scratch
     for r in range(rows):
@@ -208,7 +208,7 @@ def _copy_rows(src, rows, scale, dst):
             dst[r, c] = src[r, c] * scale
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _gathered(src, rows, scale, scratch):
     # src[:rows] * scale as a C-contiguous (rows, D) view of the 1-D scratch, for BLAS
     dst = scratch[:rows * src.shape[1]].reshape((rows, src.shape[1]))
@@ -216,7 +216,7 @@ def _gathered(src, rows, scale, scratch):
     return dst
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _gathered_t(src, rows, scale, scratch):
     # (src[:rows] * scale)^T as a C-contiguous (D, rows) view of the 1-D scratch: a product
     # k (q^T) with q^T laid out this way (not as q's transposed view) takes OpenBLAS's
@@ -245,14 +245,14 @@ _DIAG_KEYS = 32
 # _next_piece and _first_row a second time for it
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _key_piece(m, n):
     # keys (rows) per piece, so that one piece's product stays small: m * n * piece <=
     # _SMALL_PRODUCT, for the product of a (piece, m) and an (m, n) matrix, or its transpose
     return max(16, _SMALL_PRODUCT // (m * n))
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _full_keys(k_hi, i0, t_q, t_k, causal):
     # keys j < _full_keys are seen by every query of the block starting at i0 (fewer than
     # _DIAG_KEYS of them join the diagonal's first piece: computing a few hidden entries
@@ -263,7 +263,7 @@ def _full_keys(k_hi, i0, t_q, t_k, causal):
     return full if full >= _DIAG_KEYS else 0
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _next_piece(j0, k_hi, i0, n, d, t_q, t_k, causal):
     # (j1, r0): the piece of keys j0 .. j1 - 1 that starts at j0, and the first of the
     # block's n queries to see any of them; products of head width d
@@ -272,7 +272,7 @@ def _next_piece(j0, k_hi, i0, n, d, t_q, t_k, causal):
     return j1, _first_row(j0, i0, n, t_q, t_k, causal)
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _scores_t(a, b_t, out, i0, n, t_q, t_k, causal, fn):
     # out[j, r] = a[j] . b_t[:, r] where query r sees key j: the visible part of the product
     # a b_t.  a: (k_hi, D), b_t: (D, n), out: (k_hi, n), its hidden entries left as they were
@@ -283,7 +283,7 @@ def _scores_t(a, b_t, out, i0, n, t_q, t_k, causal, fn):
         j0 = j1
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _keys_product(p_t, x, out, i0, n, t_q, t_k, causal, fn):
     # out += p_t x, with p_t zero where hidden (those terms are skipped).
     # p_t: (k_hi, n), x: (n, D), out: (k_hi, D)
@@ -294,7 +294,7 @@ def _keys_product(p_t, x, out, i0, n, t_q, t_k, causal, fn):
         j0 = j1
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _queries_product(e_t, x, out, i0, n, t_q, t_k, causal, fn):
     # out = e_t^T x, summed over the pieces of keys, with e_t zero where hidden (those terms
     # are skipped).  e_t: (k_hi, n), x: (k_hi, D), out: (n, D)
@@ -370,7 +370,7 @@ def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, b
 # Backward
 # ---------------------------------------------------------------------------------------------
 
-@njit(**_JIT)
+@helper(_JIT)
 def _backward_scratch(n_threads, t_k, d, dtype):
     # The backward's scratch, one row per thread (see the forward): p, ds (BLOCK_Q * T_k);
     # q * scale and dout, each also transposed; dq / scale; the chunk's dk and dv sums; lse
@@ -384,7 +384,7 @@ def _backward_scratch(n_threads, t_k, d, dtype):
             np.empty((n_threads, 3, _BLOCK_Q), dtype))
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _store_key_sums(dk_acc, dv_acc, t_k, d, dk, dv):
     # dk, dv (T_k, D), any strides = a chunk's flat sums (not a slice assignment: its shape
     # check compiles for ~2 s)
@@ -393,7 +393,7 @@ def _store_key_sums(dk_acc, dv_acc, t_k, d, dk, dv):
     _copy_rows(dv_acc.reshape((t_k, d)), t_k, one, dv)
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _row_terms(lse, do_blk, out, n, lse_hi, lse_lo, delta):
     # The backward's per-row numbers of a query block of n rows. lse = lse_hi + lse_lo, two
     # numbers of the scores' dtype (in float32 the pair keeps the float64 lse's precision); 0

@@ -8,9 +8,15 @@ the rule that keeps their on-disk cache fresh.
   code could call by address. Nothing here calls a kernel that way, and each such wrapper was
   compiled, then linked and optimised again into every kernel calling the function: leaving
   them out took 1.2 s off the first training step on an empty cache (``benchmarks/README.md``),
-  and the compiled kernels are the same. (The other wrapper, which lets Python call a function,
-  stays on every function, helpers included: a helper built without it crashes the interpreter
-  when called from Python.)
+  and the compiled kernels are the same.
+
+A function that only compiled code calls is a :func:`helper` (``@helper(_JIT)``): built
+without the other wrapper too, the one that lets Python call a function. Numba makes, optimises
+and compiles to machine code one for each function and signature, and the 44 helpers of the
+default run's first step spent 0.8-1.0 s of its 10 s on an empty cache that way
+(``benchmarks/README.md``); the kernels that call them are the same. A helper called from
+Python raises ``TypeError`` instead of running code that is not there (the tests call the
+helpers they check through a compiled function of their own).
 
 When the cache is stale
 -----------------------
@@ -33,9 +39,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import types
+from collections.abc import Callable
 from pathlib import Path
 
+from numba import njit
 from numba.core import caching
+from numba.core.registry import CPUDispatcher
 
 from ..config import KERNEL_MODULES
 
@@ -50,6 +60,26 @@ SHARED_SOURCES = tuple(sorted(path.name for path in _FOLDER.glob("*.py")
 def jit_options(**options) -> dict:
     """The common options above, with a module's own (``fastmath``, ``error_model``, ...)."""
     return dict(cache=True, nogil=True, no_cfunc_wrapper=True, **options)
+
+
+class CompiledOnly(CPUDispatcher):
+    """Numba's dispatcher of a :func:`helper`: compiled for calls from compiled code only."""
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"{self.py_func.__qualname__} is a helper of the compiled kernels, "
+                        f"built without a wrapper for calls from Python: call it from a "
+                        f"compiled function")
+
+
+def helper(options: dict) -> Callable[[types.FunctionType], CompiledOnly]:
+    """Decorator: the function compiled with ``options`` (a module's :func:`jit_options`) for
+    calls from compiled code only (see the module's docstring)."""
+    def compile_only(py_func: types.FunctionType) -> CompiledOnly:
+        dispatcher = njit(no_cpython_wrapper=True, **options)(py_func)
+        dispatcher.__class__ = CompiledOnly  # the same object, refusing calls from Python
+        return dispatcher
+
+    return compile_only
 
 
 def shared_stamp() -> bytes:
@@ -105,6 +135,12 @@ class KernelCacheLocator(caching._CacheLocator):
 
     def get_source_stamp(self):
         return self._inner.get_source_stamp(), shared_stamp()
+
+    @property
+    def _py_file(self) -> str:
+        # the file Numba's warning names when it cannot cache a function (dynamic globals);
+        # without it that warning raised AttributeError and stopped the compile
+        return self._inner._py_file
 
 
 if KernelCacheLocator not in _CacheImpl._locator_classes:

@@ -215,10 +215,18 @@ def set_tier(mode: str) -> None:
 
 
 def set_background(enabled: bool) -> None:
-    """Whether ``"auto"`` may start the background compiler (on by default); off ends it."""
+    """Whether ``"auto"`` may start compiling processes (on by default): the background
+    compiler, and the worker of a first step (:mod:`numpy_transformer.compile_ahead`). Off
+    ends the background compiler."""
     _state.background = enabled
     if not enabled:
         stop_background()
+
+
+def may_start_processes() -> bool:
+    """Whether this process may start compiling processes: on the ``"auto"`` tier, unless
+    :func:`set_background` turned them off."""
+    return _state.mode == AUTO and _state.background
 
 
 def poll(steps_left: int | None = None) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit, prange
 
 from .._checks import check_shaped
-from ._jit import jit_options
+from ._jit import helper, jit_options
 from ._tiers import tiered
 from ._validate import check_kernel_float
 from .special import exp_clamped, exp_shifted
@@ -107,7 +107,7 @@ def relu_backward(dout: np.ndarray, out: np.ndarray) -> np.ndarray:
 _BLOCK = 512  # entries per work item (and per scratch row of the vectorised exp)
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _erf_f32(x):  # pragma: no cover - compiled
     # x: float32 scalar -> erf(x) in float32 arithmetic
     four = np.float32(4.0)
@@ -200,7 +200,7 @@ _K = math.sqrt(2.0 / math.pi)  # the reference's constants
 _A = 0.044715
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _tanh_f32(u):  # pragma: no cover - compiled
     # u: float32 scalar -> tanh(u) in float32 arithmetic; NaN stays NaN
     one = np.float32(1.0)

@@ -41,7 +41,7 @@ from numba.core import cgutils
 from numba.extending import get_cython_function_address, intrinsic, overload
 
 from ..threads import numpy_extension_path
-from ._jit import jit_options
+from ._jit import helper, jit_options
 from ._validate import check_kernel_float
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # CBLAS's enums
@@ -223,7 +223,7 @@ def _gemm_in_compiled_code(a, b, out, fn, accumulate=False):
     return impl
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _gemm_strided(fn, m, n, k, alpha, a, b, beta, c, unit):  # pragma: no cover - compiled
     # c = alpha a b + beta c, BLAS's own equation, for a (M, K), b (K, N), c (M, N), each
     # given as (address, row stride, column stride), strides in bytes of items of `unit`

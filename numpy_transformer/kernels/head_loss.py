@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .._checks import check_scalar
 from ..functional.head_loss import LinearCrossEntropyCache
@@ -47,7 +47,7 @@ from ..functional.linear import check_linear_inputs
 from ..functional.softmax import counted_targets
 from ..threads import blas_on_calling_thread
 from . import linear, softmax
-from ._jit import jit_options
+from ._jit import helper, jit_options
 from ._tiers import tiered
 from ._validate import check_cache, check_kernel_float
 from .blas import gemm, gemm_address
@@ -77,7 +77,7 @@ class HeadLossKernelCache:
     db: np.ndarray | None  # (V,), or None without a bias
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _loss_row(row, t, wn):  # pragma: no cover - compiled
     # row: (V,) one position's logits, replaced by their gradient w_n (softmax - onehot(t));
     # returns the position's loss (2) -w_n log softmax(row)[t], in float64

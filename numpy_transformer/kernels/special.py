@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic, overload
 
-from ._jit import jit_options
+from ._jit import helper, jit_options
 
 # "contract" lets the compiler fuse a multiply and an add into one instruction (rounding
 # once instead of twice): the polynomial below runs about 1.4x faster, and stays as accurate.
@@ -94,7 +94,7 @@ def _float_as_bits(typingctx, x):
                                     types.float64: (types.int64, ir.IntType(64))})
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _exp_f64(y):  # pragma: no cover - compiled
     magic = 6755399441055744.0  # 1.5 * 2^52
     kf = y * 1.4426950408889634 + magic  # round(y / ln2) + magic
@@ -108,7 +108,7 @@ def _exp_f64(y):  # pragma: no cover - compiled
     return 0.0 if y <= -708.0 else e_r * two_t  # a NaN y fails the test: NaN out
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _exp_f32(y):  # pragma: no cover - compiled
     # float32 arithmetic, so that 8 lanes fit one AVX register
     f32 = np.float32
@@ -131,14 +131,14 @@ def _exp_clamped_numba(y):
     return lambda y: _exp_f64(y)
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _exp_shifted_f64(x, n, shift):  # pragma: no cover - compiled
     # e = exp(x - shift) in place.  x: (>= n,) float64
     for j in range(n):
         x[j] = _exp_f64(x[j] - shift)
 
 
-@njit(**_JIT)
+@helper(_JIT)
 def _exp_shifted_f32(x, n, shift):  # pragma: no cover - compiled
     # e = exp(x - shift) in place.  x: (>= n,) float32
     shift_hi = np.float32(shift)  # shift = shift_hi + shift_lo keeps a float64 shift's
