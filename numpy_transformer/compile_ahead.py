@@ -133,26 +133,11 @@ def compile_ahead(model, batch, *, prompt: np.ndarray | None = None, evaluate: b
         ``None`` where nothing was done; else what happened, in words: ``"compiled"``, or
         why the worker failed (its kernels are then compiled by the step that calls them).
     """
-    config = getattr(model, "config", None)
-    family = FAMILIES.get(type(model))
-    if family is None or config is None or config.backend != "numba":
-        return None
-    from .kernels import _tiers
-
-    key = (type(model), config.dtype)
-    if (key in _looked or not _tiers.may_start_processes() or available_cores() < 2):
-        return None
-    _looked.add(key)
-    if is_cached(type(model), config.dtype):
-        return None
-    needs = WORKER_BYTES + 2 * sum(training_bytes(config, type(model).__name__,
-                                                  len(batch.targets), 1).values())
-    available = available_memory()
-    if available is not None and needs > available:
+    if not _cold(model, len(batch.targets)):
         return None
     starting()
-    share = family[0]
-    job = {"model": type(model), "config": config, "batch": tuple(batch), "share": share,
+    share = FAMILIES[type(model)][0]
+    job = {"model": type(model), "config": model.config, "batch": tuple(batch), "share": share,
            "prompt": prompt, "evaluate": evaluate}
     with tempfile.TemporaryFile() as errors:  # a pipe could fill
         # a session of its own: Ctrl-C at the terminal reaches this process only
@@ -163,7 +148,8 @@ def compile_ahead(model, batch, *, prompt: np.ndarray | None = None, evaluate: b
             worker.stdin.write(base64.b64encode(pickle.dumps(job)) + b"\n")
             worker.stdin.flush()  # and kept open: the worker ends itself when this process dies
             if not stopping():
-                _first_calls(type(model), config, batch, rest_of(share), prompt, evaluate)
+                _first_calls(type(model), model.config, batch, rest_of(share), prompt,
+                             evaluate)
             while worker.poll() is None and not stopping():
                 time.sleep(0.02)
         finally:
@@ -177,6 +163,28 @@ def compile_ahead(model, batch, *, prompt: np.ndarray | None = None, evaluate: b
         last = errors.read().decode(errors="replace").strip().splitlines()[-1:]
         return (f"the worker compiling {', '.join(share)} ended with exit status "
                 f"{worker.returncode}" + "".join(f" ({line})" for line in last))
+
+
+def _cold(model, rows: int) -> bool:
+    """Whether to compile ahead for ``model`` and a batch of ``rows``: a family of
+    ``FAMILIES`` on the numba backend, this process on the ``"auto"`` tier and allowed to
+    start processes, two cores, a cold cache (read once per process, class and dtype) and
+    the memory for two more models taking a step."""
+    config = getattr(model, "config", None)
+    if type(model) not in FAMILIES or config is None or config.backend != "numba":
+        return False
+    from .kernels import _tiers
+
+    key = (type(model), config.dtype)
+    if key in _looked or not _tiers.may_start_processes() or available_cores() < 2:
+        return False
+    _looked.add(key)
+    if is_cached(type(model), config.dtype):
+        return False
+    needs = WORKER_BYTES + 2 * sum(training_bytes(config, type(model).__name__, rows,
+                                                  1).values())
+    available = available_memory()
+    return available is None or needs <= available
 
 
 def _first_calls(model_class: type, config, batch, kernels: tuple[str, ...],

@@ -26,7 +26,8 @@ module imports only those above it in this list, never one below:
 ``sample``
     text from a trained language model (``numpy-transformer sample``)
 ``precompile``
-    the kernels a run calls, compiled in parallel processes when Numba's cache lacks them
+    the kernels a run calls, its evaluation's and sample's too, compiled in two processes when
+    Numba's cache lacks them (``compile_ahead.py``)
 ``export``
     a trained model for other tools (``numpy-transformer export``)
 ``report``
