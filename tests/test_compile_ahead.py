@@ -24,6 +24,7 @@ from pathlib import Path
 import numba
 import numpy as np
 import pytest
+from _kernel_helpers import COUNTING
 
 import numpy_transformer
 from numpy_transformer import backend, compile_ahead
@@ -268,9 +269,7 @@ def test_a_stop_request_ends_the_worker_at_once(cold, monkeypatch):
 # An empty cache for real
 # --------------------------------------------------------------------------------------------
 
-FIRST_STEP = r"""
-import json, time
-from numba.core import event
+FIRST_STEP = COUNTING + r"""
 from numpy_transformer import compile_ahead
 from numpy_transformer.runs.options import resolve_options
 from numpy_transformer.runs.state import Run
@@ -280,23 +279,12 @@ real = compile_ahead.compile_ahead
 compile_ahead.compile_ahead = lambda *a, **k: ahead.append(real(*a, **k)) or ahead[-1]
 import numpy_transformer.train
 numpy_transformer.train.compile_ahead = compile_ahead.compile_ahead
-compiled = []
-
-
-class Count(event.Listener):
-    def on_start(self, ev):
-        pass
-
-    def on_end(self, ev):
-        compiled.append(ev.data["dispatcher"].py_func.__qualname__)
-
-
 run = Run(*resolve_options("lm", {"steps": 2, "width": 16, "heads": 2, "layers": 1,
                                   "ffn_width": 32, "max_len": 32, "batch": 8}))
 real_step = compile_ahead._first_calls
 def first_calls(*args):  # the compiles of this process's share are its own, not the step's
     real_step(*args)
-    event.register("numba:compile", Count())
+    compiled.clear()
 compile_ahead._first_calls = first_calls
 run.trainer.step(run.batch(0))
 print(json.dumps([ahead, compiled]))

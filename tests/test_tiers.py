@@ -15,6 +15,7 @@ from pathlib import Path
 import numba
 import numpy as np
 import pytest
+from _kernel_helpers import COUNTING
 
 import numpy_transformer
 from numpy_transformer.kernels import _tiers
@@ -145,28 +146,6 @@ def thread_ids(out):
 naive = {"parallel": numba.njit(parallel=True, cache=True)(thread_ids.__wrapped__),
          "serial": numba.njit(cache=True)(thread_ids.__wrapped__)}
 '''
-
-# The start of the two scripts below: ``compiled`` collects the name of every function
-# compiled (the serial tier's is the kernel's with "__serial")
-COUNTING = r"""
-import json, sys
-import numba
-import numpy as np
-from numba.core import event
-
-compiled = []
-
-
-class Count(event.Listener):
-    def on_start(self, ev):
-        pass
-
-    def on_end(self, ev):
-        compiled.append(ev.data["dispatcher"].py_func.__qualname__)
-
-
-event.register("numba:compile", Count())
-"""
 
 TWO_TIERS = COUNTING + r"""
 from numpy_transformer.kernels import _tiers
