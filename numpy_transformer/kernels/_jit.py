@@ -12,9 +12,10 @@ the rule that keeps their on-disk cache fresh.
 
 A function that only compiled code calls is a :func:`helper` (``@helper(_JIT)``): built
 without the other wrapper too, the one that lets Python call a function. Numba makes, optimises
-and compiles to machine code one for each function and signature, and the 44 helpers of the
-default run's first step spent 0.8-1.0 s of its 10 s on an empty cache that way
-(``benchmarks/README.md``); the kernels that call them are the same. A helper called from
+and compiles to machine code one for each function and signature: leaving them out of the 30
+helpers took about 0.9 s off the default run's first step on an empty cache, compiled in one
+process (10.7-11.3 s to 9.8-10.1 s, ``benchmarks/README.md``); the kernels that call them are
+the same. A helper called from
 Python raises ``TypeError`` instead of running code that is not there (the tests call the
 helpers they check through a compiled function of their own).
 
