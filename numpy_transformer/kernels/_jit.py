@@ -15,9 +15,8 @@ without the other wrapper too, the one that lets Python call a function. Numba m
 and compiles to machine code one for each function and signature: leaving them out of the 30
 helpers took about 0.9 s off the default run's first step on an empty cache, compiled in one
 process (10.7-11.3 s to 9.8-10.1 s, ``benchmarks/README.md``); the kernels that call them are
-the same. A helper called from
-Python raises ``TypeError`` instead of running code that is not there (the tests call the
-helpers they check through a compiled function of their own).
+the same. A helper called from Python raises ``TypeError`` instead of running code that is not
+there (the tests call the helpers they check through a compiled function of their own).
 
 When the cache is stale
 -----------------------

@@ -46,7 +46,7 @@ Which tier runs (:func:`set_tier`)
   command line's training loop, ``Trainer.fit``) passes them to :func:`poll`: a run that ends
   within ``BACKGROUND_MIN_SECONDS`` of the boundary, judged by the last step that compiled
   nothing, starts no compiler, which its end would only kill.
-* ``"serial"``: tier 1 only (the command line's compile workers, ``runs/precompile.py``).
+* ``"serial"``: tier 1 only (the worker of a first step's compile, ``compile_ahead.py``).
 * ``"parallel"``: tier 2 only, compiled in this process where the cache lacks it (the
   background compiler).
 
