@@ -44,6 +44,7 @@ from .. import nn as ours
 from ..bpe import tokenizer_from_dict
 from ..config import DEFAULT_BACKEND, LSTMConfig, TransformerConfig
 from ..data import CharTokenizer
+from ..files import check_file
 from ..memory import parameter_count
 from ..optim import Adam, AdamW
 from ._require import require
@@ -87,8 +88,9 @@ def read_header(path: Path, purpose: str) -> tuple[dict[str, str], dict[str, tup
     """The file's metadata and its tensors' ``(dtype, shape)`` by name, read from its header
     alone (no tensor is read yet)."""
     safetensors = require("safetensors", purpose)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file")
+    check_file(path)
+    with open(path, "rb"):  # a file we may not read: the OSError it is (the package says
+        pass  # "No such file"), named, the command line's exit 74
     try:
         with safetensors.safe_open(str(path), framework="np") as f:
             slices = {name: f.get_slice(name) for name in f.keys()}
