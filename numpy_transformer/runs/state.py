@@ -168,11 +168,13 @@ class Run:
         Raises
         ------
         UsageError
-            If the run has made more steps, or its schedule is the cosine one.
+            If the run has made as many steps or more (a run of ``steps`` would not have
+            evaluated at that step in its loop), or its schedule is the cosine one.
         """
         made, planned = self.trainer.step_count, self.options["steps"]
-        if steps < made:
-            raise UsageError(f"--steps {steps}: the run has made {made} steps already")
+        if steps <= made and steps != planned:
+            raise UsageError(f"--steps {steps}: the run has made {made} steps already; give "
+                             f"more")
         if self.options["schedule"] == "cosine" and steps != planned:
             raise UsageError(f"--steps {steps}: the cosine schedule of this run decays over its "
                              f"{planned} steps, and one of {steps} would have had other "
