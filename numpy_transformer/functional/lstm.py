@@ -66,6 +66,15 @@ def check_lstm_inputs(x, h0, c0, w_ih, w_hh, b) -> tuple[int, int, int, int]:
     return bsz, t_len, c_in, hidden
 
 
+def check_lstm_cache(cache: object) -> LSTMCache:
+    """``cache`` if it is the :class:`LSTMCache` of a forward, else ``ValueError`` naming what
+    it is (a tuple of the wrong length would fail to unpack three frames deep)."""
+    if not isinstance(cache, LSTMCache):
+        raise ValueError(f"cache must be the LSTMCache of lstm_forward, got "
+                         f"{type(cache).__name__}")
+    return cache
+
+
 def _sigmoid(z: np.ndarray) -> np.ndarray:
     """1 / (1 + exp(-z)), written as (1 + tanh(z / 2)) / 2: the same function, no overflow."""
     half = z.dtype.type(0.5)
@@ -155,7 +164,7 @@ def lstm_backward(dout: np.ndarray, dh_T: np.ndarray | None, dc_T: np.ndarray | 
     db : ndarray of shape (4H,)
         Also the gradient of each of PyTorch's two biases.
     """
-    x, h0, c0, w_ih, w_hh, gates, c, tanh_c, h = cache
+    x, h0, c0, w_ih, w_hh, gates, c, tanh_c, h = check_lstm_cache(cache)
     bsz, t_len, hidden = h.shape
     check_shaped("dout", dout, h.shape)
     for name, d in (("dh_T", dh_T), ("dc_T", dc_T)):
