@@ -37,11 +37,14 @@ EXIT_CODES = {
     1: "training diverged: a non-finite loss, gradient or held-out loss (the step and tensor "
        "are named; the last good checkpoint is left untouched); gradcheck: a check failed; "
        "bench: a worker failed",
-    2: "bad input: an option, a file, a run folder (or one in use), a checkpoint (truncated, "
+    2: "bad input: an option, a file of the wrong kind (missing; a folder, FIFO, device or "
+       "socket where a file belongs, or a file where a folder belongs; binary or not UTF-8 "
+       "where text belongs; too large), a run folder (or one in use), a checkpoint (truncated, "
        "tampered, non-finite, of a newer format), a size that cannot fit in memory; one line "
        "on stderr, no traceback, nothing overwritten",
-    74: "a file could not be read or written (permission, read-only folder, full disk, size "
-        "limit: sysexits' EX_IOERR); the previous checkpoint is left intact",
+    74: "a file of the right kind that could not be read or written (permission, read-only "
+        "folder, full disk, size limit: sysexits' EX_IOERR), named with the system's reason; "
+        "the previous checkpoint is left intact",
     130: "stopped by SIGINT (Ctrl-C): train after writing a checkpoint (--resume continues "
          "exactly); every command leaves no file half-written and no worker process behind",
     143: "stopped by SIGTERM, the same way",
