@@ -272,11 +272,16 @@ def realise(argv: list, folder: Path, runs: Path) -> list[str]:
     return words
 
 
+class Overdue(BaseException):
+    """An example past its deadline: a BaseException, so no handler of the command line
+    takes it for an error of its own (a TimeoutError is an OSError: exit 74)."""
+
+
 @contextlib.contextmanager
 def deadline(seconds: int):
-    """Within: ``TimeoutError`` after ``seconds`` (SIGALRM interrupts a blocking open)."""
+    """Within: :class:`Overdue` after ``seconds`` (SIGALRM interrupts a blocking open)."""
     def expire(signum, frame):
-        raise TimeoutError(f"the example took more than {seconds} s (a FIFO opened?)")
+        raise Overdue(f"the example took more than {seconds} s (a FIFO opened?)")
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.alarm(seconds)
@@ -469,4 +474,10 @@ def test_an_escaping_exception_fails_the_property(runs_made, monkeypatch, tmp_pa
     with pytest.raises(AssertionError):  # a documented code, but two lines: not one line
         monkeypatch.setattr(cli, "cmd_sample", lambda args: print("a\nb", file=sys.stderr)
                             or 2)
+        run_example("sample", [str(runs_made / "lm")], {}, tmp_path, monkeypatch)
+    fifo = tmp_path / "fifo"  # a command that opens a FIFO blocks: the deadline ends it
+    os.mkfifo(fifo)
+    monkeypatch.setattr(cli, "cmd_sample", lambda args: open(fifo).read() and 0)
+    monkeypatch.setattr(sys.modules[__name__], "DEADLINE", 1)
+    with pytest.raises(Overdue):
         run_example("sample", [str(runs_made / "lm")], {}, tmp_path, monkeypatch)
