@@ -203,13 +203,12 @@ def _read_json(path: Path) -> dict | None:
         return None
     try:
         check_file(path)
-        value = decode_json(path.read_text(encoding="utf-8"), str(path))
-    except CheckpointError:
-        return None
-    except ValueError as e:  # check_file: not a file; UnicodeDecodeError: not text
-        if isinstance(e, UnicodeDecodeError):
-            return None
+    except ValueError as e:
         raise UsageError(str(e)) from None
+    try:
+        value = decode_json(read_file(path, text=True), str(path))
+    except ValueError:  # not UTF-8 text, or not JSON (a CheckpointError)
+        return None
     return value if isinstance(value, dict) else None
 
 
