@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _run_helpers import TINY, one_line_error, run_cli, small_text
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
 from numpy_transformer.checkpoint import load_checkpoint
@@ -141,13 +141,19 @@ def extended_and_reference(root: Path, text: Path, options: list[str], lengths: 
             assert code == 0, err
         for steps in lengths[1:]:
             if (root / "extended" / BEST_BEFORE_FINAL).exists():
-                event("a best the final evaluation replaced is put back")
+                _note("a best the final evaluation replaced is put back")
             code, out, err = run_cli(["train", "--resume", root / "extended", "--steps", steps,
                                       "--quiet"])
             assert code == 0 and f"to {steps} steps" in out, err
             if "stopped early at step" in out:
-                event("a run that stopped early is extended")
+                _note("a run that stopped early is extended")
     return recorded(root / "extended"), recorded(root / "reference")
+
+
+def _note(what: str) -> None:
+    """Count ``what`` among the property's examples (pytest --hypothesis-show-statistics)."""
+    if currently_in_test_context():
+        event(what)
 
 
 @st.composite
