@@ -40,6 +40,7 @@ PAGES = {  # name -> (page, whether it must show figures, whether it must show m
     "annotated_attention": ("docs/site/_generated/functional/attention.html", False, True),
     "notebook_attention": ("docs/notebooks/solutions/02_attention.html", True, True),
     "experiments": ("experiments/README.html", True, False),
+    "pictures": ("docs/site/pictures.html", True, True),
 }
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -110,7 +111,7 @@ class _Ids(html.parser.HTMLParser):
         self.ids |= {v for k, v in attrs if k in ("id", "name") and v}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fetch(url: str) -> tuple[int, frozenset[str]]:
     """(HTTP status, the ids of the page's elements) of one URL."""
     try:
@@ -235,10 +236,10 @@ def test_the_negative_control_fails_every_check(browser, served, tmp_path):
             folder.mkdir()
     broken = (SITE / page).read_text(encoding="utf-8").replace(
         '<a class="eqref" href="#eq-sdpa-1">', '<a class="eqref" href="#eq-sdpa-9">', 1)
-    broken = broken.replace(
-        '<div class="annotated docutils container">',
-        '<p>\\(\\frac{1}\\) is broken math, \\(x^2 is left open, <a href="no-such-page.html">a dead link</a>, '
-        '<img src="no-such-figure.png" alt="a missing figure"></p><div class="annotated docutils container">', 1)
+    container = '<div class="annotated docutils container">'
+    broken = broken.replace(container, '<p>\\(\\frac{1}\\) is broken math, \\(x^2 is left '
+                            'open, <a href="no-such-page.html">a dead link</a>, <img '
+                            'src="no-such-figure.png" alt="a missing figure"></p>' + container, 1)
     assert broken.count("#eq-sdpa-9") == 1 and "no-such-page.html" in broken
     name = Path(page).name.replace(".html", "_broken.html")
     (folder / name).write_text(broken, encoding="utf-8")

@@ -36,7 +36,7 @@ html_css_files = ["book.css"]
 html_extra_path = ["_extra"]  # index.html at the top of the site: the way in
 html_theme_options = {"secondary_sidebar_items": {"docs/site/_generated/functional/*": []},
                       "show_toc_level": 2}
-html_sidebars = {"docs/site/_generated/functional/*": []}
+html_sidebars = {"docs/site/_generated/functional/*": [], "docs/site/pictures": []}
 
 # myst-nb: the solution notebooks run at every build; the exercises are shown as they are
 nb_execution_mode = "force"

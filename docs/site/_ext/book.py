@@ -22,15 +22,14 @@ import re
 import traceback
 from pathlib import Path
 
+import annotate
 from docutils import nodes
+from equations import LatexError, notes_equations, sections, to_latex
 from pygments.lexers import PythonLexer
 from pygments.token import STANDARD_TYPES, Comment, String
 from sphinx import addnodes
 from sphinx.errors import SphinxError
 from sphinx.transforms import SphinxTransform
-
-import annotate
-from equations import LatexError, notes_equations, sections, to_latex
 
 SITE = Path(__file__).resolve().parents[1]
 GENERATED = SITE / "_generated"
