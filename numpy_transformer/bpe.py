@@ -1,5 +1,5 @@
-"""A byte-level BPE tokenizer (``train --tokenizer bpe``), and the one reader of a run's
-tokenizer of either kind.
+"""A byte-level BPE tokenizer (``train --tokenizer bpe``, or GPT-2's and LLaMA's as Hugging
+Face ships them), and the one reader of a run's tokenizer of either kind.
 
 The tokenizer is GPT-2's scheme, trained with the ``tokenizers`` package (the ``hf`` extra):
 the text is cut into words and the spaces before them (``pre_tokenizers.ByteLevel``), each
@@ -7,6 +7,13 @@ word is UTF-8 bytes written as 256 printable stand-ins, and the trainer merges t
 frequent adjacent pair of symbols until the vocabulary has ``vocab_size`` entries (the 256
 bytes first, so every text can be encoded: nothing is unknown). Decoding joins the bytes and
 reads them as UTF-8; ids that stop inside a character give U+FFFD there.
+
+:class:`BPETokenizer` also takes a model's own ``tokenizer.json`` as it is, ids unchanged: any
+BPE of the ``tokenizers`` package that can encode every text, because its pre-tokenizer is
+byte-level (GPT-2; LLaMA 3, a split then byte-level) or its model falls back to bytes (LLaMA 2).
+A text is encoded as it is, without the special tokens a post-processor would add (LLaMA's
+``<s>``): ``encode("a b")`` is the ids of "a b" and nothing else, as GPT-2's tokenizer gives
+them. Decoding keeps special tokens (``<|endoftext|>``) in the text.
 
 :class:`BPETokenizer` has the interface of :class:`~numpy_transformer.data.CharTokenizer` the
 runs use (``vocab_size``, ``encode``, ``decode``, ``missing``, ``to_dict``), so a run, its
@@ -21,6 +28,7 @@ Radford et al., "Language Models are Unsupervised Multitask Learners" (GPT-2), 2
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from types import ModuleType
 
@@ -39,6 +47,43 @@ def _tokenizers() -> ModuleType:
     return require("tokenizers", "the BPE tokenizer")
 
 
+def _types(part: object) -> list[str]:
+    """The ``type`` of a part of a ``tokenizer.json`` (a pre-tokenizer, a decoder) and of
+    every part of a ``Sequence`` of them."""
+    if not isinstance(part, dict):
+        return []
+    inner = part.get("pretokenizers") or part.get("decoders") or []
+    return [str(part.get("type"))] + [t for p in inner for t in _types(p)]
+
+
+def check_bpe_spec(spec: str) -> dict:
+    """The ``tokenizer.json`` text ``spec`` as a dict, if it is a BPE that can encode every
+    text (see the module docstring).
+
+    Raises
+    ------
+    ValueError
+        In one line: not JSON (or nested too deeply to read), not a BPE, a BPE with dropout
+        (its encoding is random), or one with neither a byte-level pre-tokenizer nor byte
+        fallback (a text outside its alphabet would have no ids).
+    """
+    try:
+        d = json.loads(spec)
+    except (ValueError, RecursionError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise ValueError(f"not a tokenizer.json ({reason})") from None
+    model = d.get("model") if isinstance(d, dict) else None
+    kind = model.get("type") if isinstance(model, dict) else None
+    if kind != "BPE":
+        raise ValueError(f"a {kind or 'model-less'} tokenizer, not byte-level BPE or characters")
+    if model.get("dropout"):
+        raise ValueError(f"a BPE with dropout {model['dropout']!r}: its encoding is random")
+    if "ByteLevel" not in _types(d.get("pre_tokenizer")) and not model.get("byte_fallback"):
+        raise ValueError("a BPE that is not byte-level (no ByteLevel pre-tokenizer, no byte "
+                         "fallback): a text outside its alphabet would have no ids")
+    return d
+
+
 class BPETokenizer:
     """Byte-level BPE: a ``tokenizers.Tokenizer`` with the interface of ``CharTokenizer``.
 
@@ -46,25 +91,30 @@ class BPETokenizer:
     ----------
     spec : str
         The tokenizer as ``tokenizers`` serialises it (the text of a ``tokenizer.json``):
-        what :meth:`train` made, or :meth:`to_dict` stored.
+        what :meth:`train` made, what :meth:`to_dict` stored, or a model's own (GPT-2's,
+        LLaMA's).
 
     Raises
     ------
     ValueError
-        If ``spec`` is not a byte-level BPE tokenizer.
+        If ``spec`` is not a BPE that encodes every text (:func:`check_bpe_spec`).
     ImportError
         Without the ``tokenizers`` package (one line: what to install).
     """
 
     def __init__(self, spec: str) -> None:
         tokenizers = _tokenizers()
+        vocab = check_bpe_spec(spec)["model"].get("vocab")
         try:
             self.backend = tokenizers.Tokenizer.from_str(spec)
         except Exception as e:  # the package's own error for a malformed spec
-            raise ValueError(f"not a tokenizers tokenizer ({type(e).__name__}: {e})") from None
-        model = type(self.backend.model).__name__
-        if model != "BPE" or type(self.backend.pre_tokenizer).__name__ != "ByteLevel":
-            raise ValueError(f"a BPE tokenizer is byte-level BPE, this one is a {model} model")
+            reason = " ".join(str(e).split())  # one line
+            raise ValueError(f"not a tokenizers tokenizer ({type(e).__name__}: {reason})") \
+                from None
+        ids = self.backend.get_vocab(with_added_tokens=True).values()
+        self._size = 1 + max(ids, default=-1)  # every id below it is a row of the model's
+        if not isinstance(vocab, dict) or not ids:
+            raise ValueError("a BPE tokenizer without a vocabulary")
 
     @classmethod
     def train(cls, text: str, vocab_size: int) -> BPETokenizer:
@@ -95,17 +145,20 @@ class BPETokenizer:
 
     @property
     def vocab_size(self) -> int:
-        """Entries of the vocabulary, V: the 256 bytes and the merges."""
-        return self.backend.get_vocab_size()
+        """V, one more than the largest id: the 256 bytes, the merges and any special tokens
+        (GPT-2's ``<|endoftext|>``, 50,256)."""
+        return self._size
 
     def __repr__(self) -> str:
         return f"BPETokenizer(vocab_size={self.vocab_size})"
 
     def encode(self, text: str) -> np.ndarray:
-        """The ids of ``text``: ndarray of int64, shape (N,). Every text can be encoded."""
+        """The ids of ``text``, and no special token added: ndarray of int64, shape (N,).
+        Every text can be encoded."""
         if not isinstance(text, str):
             raise ValueError(f"encode takes a str, got {type(text).__name__}")
-        return np.asarray(self.backend.encode(text).ids, dtype=np.int64)
+        return np.asarray(self.backend.encode(text, add_special_tokens=False).ids,
+                          dtype=np.int64)
 
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
         """The text of a 1-D sequence of ids (U+FFFD where they cut a character's bytes).
@@ -115,7 +168,8 @@ class BPETokenizer:
         ValueError
             If an id is not an integer in ``[0, vocab_size)`` or ``ids`` is not 1-D.
         """
-        return self.backend.decode(decodable_ids(ids, self.vocab_size).tolist())
+        return self.backend.decode(decodable_ids(ids, self.vocab_size).tolist(),
+                                   skip_special_tokens=False)
 
     def missing(self, text: str) -> list[str]:
         """The characters of ``text`` it cannot encode: none, as every byte is a token."""

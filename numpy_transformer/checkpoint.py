@@ -405,6 +405,10 @@ def _check_values(path: Path, arrays: dict[str, np.ndarray], decoded: dict, m: d
     if isinstance(tokenizer, dict):
         size = len(tokenizer["chars"]) if isinstance(tokenizer.get("chars"), str) else \
             tokenizer.get("vocab_size") if isinstance(tokenizer.get("bpe"), str) else None
-    if tokenizer is not None and size != vocab:
+    # a BPE may have fewer ids than the table's rows (a vocabulary padded to a multiple, as
+    # nanoGPT's 50,304 for GPT-2's 50,257); a character vocabulary is the table's
+    padded = isinstance(tokenizer, dict) and "bpe" in tokenizer and isinstance(size, int) \
+        and isinstance(vocab, int) and size <= vocab
+    if tokenizer is not None and size != vocab and not padded:
         raise CheckpointError(f"{path}: the tokenizer does not match the embedding table of "
                               f"{vocab!r} tokens in the config")

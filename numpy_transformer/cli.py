@@ -142,7 +142,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     from .runs.importing import import_model
 
-    run_dir = import_model(args.source, args.out, args.text, force=args.force)
+    run_dir = import_model(args.source, args.out, args.text, force=args.force,
+                           context=args.context)
     print(f"wrote {run_dir}/: config.json, checkpoint.npz (step 0); continue with: "
           f"numpy-transformer sample {run_dir}", flush=True)
     return EXIT_OK

@@ -181,8 +181,9 @@ def build_parser() -> Parser:
 def add_lm_run(parser) -> None:
     """The language model's run a command reads: a folder or checkpoint, and ``--best``."""
     parser.add_argument("run", nargs="?", default=str(default_run_folder("lm")),
-                        metavar="RUN_DIR|CHECKPOINT",
-                        help="a run folder or a checkpoint .npz [%(default)s]")
+                        metavar="RUN_DIR|CHECKPOINT|HF_DIR",
+                        help="a run folder, a checkpoint .npz, a transformers folder of "
+                        "GPT-2's or LLaMA's shape or an export's folder [%(default)s]")
     add_best(parser)
 
 
@@ -200,7 +201,8 @@ def add_sample(sub) -> None:
                        "'def ' --length 400 --temperature 0.7 --top-k 20", formatter_class=RAW)
     add_lm_run(s)
     s.add_argument("--prompt", help="text to continue; every character must be in a character "
-                   f"model's vocabulary [{SAMPLE_PROMPT!r}]")
+                   f"model's vocabulary [{SAMPLE_PROMPT!r}, or a character model's first "
+                   "character]")
     s.add_argument("--length", type=number(LENGTH), default=SAMPLE_LENGTH,
                    help=f"tokens (characters, or a BPE's subwords) to generate, at most "
                    f"{MAX_SAMPLE_LENGTH:,} [%(default)s]")
@@ -223,8 +225,9 @@ def add_eval(sub) -> None:
                        "numpy-transformer eval runs/char-lm --text notes.txt",
                        formatter_class=RAW)
     add_lm_run(v)
-    v.add_argument("--text", metavar="FILE", help="UTF-8 text to measure [the run's held-out "
-                   "10%%, as its report]")
+    v.add_argument("--text", metavar="FILE", help="UTF-8 text to measure, tokenized by the "
+                   "model's own tokenizer [a run's held-out 10%%, as its report; a transformers "
+                   "folder has none]")
 
 
 def add_gradcheck(sub) -> None:
@@ -268,19 +271,23 @@ def add_import(sub) -> None:
                        "export", description="Make a run folder from a transformers folder of "
                        "GPT-2's or LLaMA's shape, or from an export's model.safetensors: the run "
                        "that starts from those weights (step 0, fresh Adam moments, the default "
-                       "options with the model's shape). sample, eval and export read it; "
-                       "train --resume trains it further on --text. The model's tokenizer must "
-                       "be the characters of that text (numpy_transformer.runs.importing).",
-                       epilog="examples:\n  numpy-transformer export runs/gpt --format hf --out "
-                       "gpt-hf\n  (fine-tune gpt-hf in transformers, save_pretrained it into "
-                       "tuned with the tokenizer files)\n  numpy-transformer import tuned "
-                       "--out runs/tuned --text my.txt\n  numpy-transformer sample runs/tuned",
-                       formatter_class=RAW)
+                       "options with the model's shape, as train --init-from starts it), with "
+                       "the model's own tokenizer, characters or byte-level BPE, ids unchanged. "
+                       "sample, eval and export read it; train --resume trains it further on "
+                       "--text (numpy_transformer.runs.importing).",
+                       epilog="examples:\n  numpy-transformer import my-gpt2 --out runs/gpt2 "
+                       "--context 128\n  numpy-transformer sample runs/gpt2 --prompt 'Hello'\n"
+                       "  numpy-transformer export runs/gpt --format hf --out gpt-hf\n  "
+                       "(fine-tune gpt-hf in transformers, save_pretrained it into tuned with "
+                       "the tokenizer files)\n  numpy-transformer import tuned --out runs/tuned "
+                       "--text my.txt", formatter_class=RAW)
     i.add_argument("source", metavar="HF_DIR|SAFETENSORS", help="a transformers folder, or an "
                    "export's model.safetensors (or its folder)")
     i.add_argument("--out", metavar="RUN_DIR", required=True, help="the new run folder")
-    i.add_argument("--text", metavar="FILE", help="what train --resume trains on; its "
-                   "characters must be the model's vocabulary [the embedded corpus]")
+    i.add_argument("--text", metavar="FILE", help="what train --resume trains on, tokenized "
+                   "by the model's tokenizer, which must encode it [the embedded corpus]")
+    i.add_argument("--context", type=number(POSITIVE_INT), metavar="T", help="the run's window "
+                   "T, at most a learned position table's rows [the source's]")
     i.add_argument("--force", action="store_true",
                    help="reuse a non-empty --out (our files in it are replaced)")
 

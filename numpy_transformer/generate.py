@@ -237,10 +237,10 @@ def _decoder_for(model, use_cache: bool, policy: str | None,
 
 
 def generate(model: DecoderLM | LSTMLM, prompt_ids, steps: int,
-             rng: np.random.Generator | None, temperature: float = 1.0,
+             rng: np.random.Generator | None = None, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, greedy: bool = False,
              use_cache: bool = True, policy: str | None = None,
-             keep: int | None = None) -> np.ndarray:
+             keep: int | None = None, vocab: int | None = None) -> np.ndarray:
     """Continue ``prompt_ids`` by ``steps`` tokens sampled from ``model``.
 
     Parameters
@@ -253,9 +253,9 @@ def generate(model: DecoderLM | LSTMLM, prompt_ids, steps: int,
         policy crops it).
     steps : int
         Tokens to add (0 returns the prompt).
-    rng : np.random.Generator
-        Source of every random draw (may be None with ``greedy``); a seeded generator makes
-        the output repeatable.
+    rng : np.random.Generator, optional
+        Source of every random draw; a seeded generator makes the output repeatable. Default
+        a fresh unseeded one (a different text every call); not used with ``greedy``.
     temperature, top_k, top_p, greedy
         How each token is drawn, see :func:`~numpy_transformer.sampling.sample_next`.
     use_cache : bool, default True
@@ -269,6 +269,9 @@ def generate(model: DecoderLM | LSTMLM, prompt_ids, steps: int,
     keep : int, optional
         Tokens kept when the window is full (``policy="refill"``; default ``max_len // 2``).
         Not for an LSTMLM.
+    vocab : int, optional
+        Draw only ids below it: a tokenizer with fewer ids than the model's embedding rows
+        (GPT-2's 50,257 in nanoGPT's table of 50,304). Default every row.
 
     Returns
     -------
@@ -284,13 +287,19 @@ def generate(model: DecoderLM | LSTMLM, prompt_ids, steps: int,
     """
     decoder = _decoder_for(model, use_cache, policy, keep)
     prompt, single = _check_prompt("prompt_ids", prompt_ids, model.config.vocab)
+    rng = np.random.default_rng() if rng is None and not greedy else rng
     _check_run(steps, rng, temperature, top_k, top_p, greedy)
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, (int, np.integer))
+                              or not 1 <= vocab <= model.config.vocab):
+        raise ValueError(f"vocab must be an integer in [1, {model.config.vocab}] (the model's "
+                         f"rows), got {vocab!r}")
     new = []  # one (B,) array per step
     with _evaluating(model):
         if steps:
             logits = decoder.start(prompt)  # (B, V)
         for step in range(steps):
-            new.append(sample_next(logits, rng, temperature, top_k, top_p, greedy))  # (B,)
+            new.append(sample_next(logits[:, :vocab], rng, temperature, top_k, top_p,
+                                   greedy))  # (B,)
             if step + 1 < steps:  # the last token needs no logits after it
                 logits = decoder.append(new[-1])
     ids = np.concatenate([prompt] + [t[:, None] for t in new], axis=1)  # (B, T + steps)

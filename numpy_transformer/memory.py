@@ -15,6 +15,10 @@ integers (they cannot overflow), and count only what certainly stays allocated:
   An LSTM keeps the embedding and, per layer, its four gates, c, tanh(c) and h (7H a position:
   ``functional/lstm.py``'s cache, the same on both backends), then the logits and their
   probabilities;
+* inference (generation, a held-out loss, a forward in evaluation mode) keeps no activation:
+  it holds the weights and, at its peak, one layer's temporaries and the logits with their
+  probabilities (:func:`inference_count`); a held-out loss takes as many windows per call as
+  keep the logits of a call near ``EVAL_LOGITS`` numbers (:func:`eval_batch`);
 * the LM's window schedule, drawn up front: steps x batch int64 starts;
 * the Python objects of each layer beside its numbers: the modules, their ``params`` and
   ``grads`` dicts, every array's header (``LAYER_OBJECT_BYTES``). At small widths they are
@@ -34,14 +38,17 @@ import os
 from collections.abc import Callable
 
 __all__ = ["available_memory", "format_bytes", "weight_count", "parameter_count",
-           "activation_count", "object_bytes",
-           "training_bytes", "check_fits", "check_config_fits", "check_training_fits"]
+           "activation_count", "inference_count", "eval_batch", "object_bytes",
+           "training_bytes", "inference_bytes", "check_fits", "check_config_fits",
+           "check_training_fits", "check_inference_fits"]
 
 SIZES = ("vocab", "width", "heads", "layers", "ffn_width", "max_len")  # TransformerConfig's
 LSTM_SIZES = ("vocab", "embed", "hidden", "layers", "max_len")  # LSTMConfig's
 MODEL_KINDS = ("DecoderLM", "EncoderClassifier", "EncoderDecoder")  # of a TransformerConfig
 LSTM_KIND = "LSTMLM"  # the one model of an LSTMConfig
 SCHEDULE_ITEM = 8  # bytes of one window start (int64)
+EVAL_BATCH = 64  # windows per call of a held-out loss, where their logits stay small
+EVAL_LOGITS = 2 ** 24  # logits per call of a held-out loss beyond which it takes fewer windows
 # Bytes of the Python objects of one layer (``layers`` counts one block of each stack), apart
 # from its numbers: measured with tracemalloc, 300 layers of width 2 less one layer, NumPy
 # backend, float32 (float64's are 1-20% more), rounded down so the estimate stays a lower bound
@@ -159,6 +166,31 @@ def activation_count(config, batch: int, model: str = "DecoderLM") -> int:
     return batch * t * (stacks * config.layers * block + c + 2 * out)
 
 
+def inference_count(config, batch: int, length: int | None = None,
+                    model: str = "DecoderLM") -> int:
+    """Numbers a forward in evaluation mode of ``batch`` sequences of ``length`` positions
+    (default ``max_len``) holds at its peak beyond the weights: the residual stream and one
+    layer's temporaries (nothing is kept for a backward), then the logits and their
+    probabilities (a lower bound, as :func:`activation_count`)."""
+    t = config.max_len if length is None else length
+    if model == LSTM_KIND:
+        per_position = config.embed_width + 7 * config.hidden + 2 * config.vocab
+        return batch * t * per_position
+    c, f = config.width, config.ffn_width
+    hidden = 3 * f if config.activation == "swiglu" else 2 * f
+    probs = config.heads * t if config.backend == "numpy" else 0
+    out = (config.num_classes or 0) if model == "EncoderClassifier" else config.vocab
+    return batch * t * (6 * c + hidden + probs + 2 * out)
+
+
+def eval_batch(config) -> int:
+    """Windows of ``max_len`` per call of a held-out loss: ``EVAL_BATCH``, or fewer (at least
+    one) where their logits would exceed ``EVAL_LOGITS`` numbers (GPT-2's vocabulary at 1,024
+    positions: one window a call)."""
+    per_window = max(1, config.max_len * config.vocab)
+    return max(1, min(EVAL_BATCH, EVAL_LOGITS // per_window))
+
+
 def object_bytes(config, model: str = "DecoderLM") -> int:
     """Bytes of the Python objects of ``model``'s layers apart from their numbers, at least
     (``LAYER_OBJECT_BYTES``)."""
@@ -169,15 +201,28 @@ def training_bytes(config, model: str, batch: int, steps: int, eval_batch: int =
                    schedule: bool = True) -> dict[str, int]:
     """Bytes a training run of ``model`` holds, by part.
 
-    ``eval_batch``: sequences of a held-out evaluation, when more than ``batch``;
-    ``schedule``: whether the run draws its (steps, batch) window starts up front (the LM).
+    ``eval_batch``: sequences per call of a held-out evaluation (in evaluation mode: see
+    :func:`inference_count`); ``schedule``: whether the run draws its (steps, batch) window
+    starts up front (the LM).
     """
     itemsize = _itemsize(config)
+    activations = max(activation_count(config, batch, model),
+                      inference_count(config, eval_batch, model=model))
     return {"weights, gradients and Adam's moments": 4 * weight_count(config, model) * itemsize,
             "the layers' Python objects": object_bytes(config, model),
-            "activations of a step": activation_count(config, max(batch, eval_batch), model)
-            * itemsize,
+            "activations of a step": activations * itemsize,
             "window schedule": steps * batch * SCHEDULE_ITEM if schedule else 0}
+
+
+def inference_bytes(config, model: str, batch: int, length: int | None = None,
+                    copies: int = 1) -> dict[str, int]:
+    """Bytes an inference of ``model`` holds, by part: ``copies`` of the weights (two while
+    one model's weights are copied into another, as ``import`` does) and a forward of
+    ``batch`` sequences of ``length`` positions (:func:`inference_count`)."""
+    itemsize = _itemsize(config)
+    return {"weights": copies * weight_count(config, model) * itemsize,
+            "the layers' Python objects": copies * object_bytes(config, model),
+            "a forward": inference_count(config, batch, length, model) * itemsize}
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,7 +234,8 @@ def _label(name: str, value: int) -> str:
 
 
 def check_fits(needs: Callable[[dict[str, int]], dict[str, int]], sizes: dict[str, int],
-               label: Callable[[str, int], str] = _label) -> None:
+               label: Callable[[str, int], str] = _label,
+               adjustable: tuple[str, ...] | None = None, hint: str = "") -> None:
     """Raise ``ValueError`` if what ``needs(sizes)`` estimates exceeds the memory available.
 
     Parameters
@@ -197,21 +243,41 @@ def check_fits(needs: Callable[[dict[str, int]], dict[str, int]], sizes: dict[st
     needs : callable
         Maps the sizes to the bytes of each part (e.g. :func:`training_bytes`).
     sizes : dict of str to int
-        The sizes the estimate depends on, by name. The one named in the message is the one
-        that matters most: set to 1, it shrinks the estimate the most.
+        The sizes the estimate depends on, by name.
     label : callable (name, value) -> str
         How the message names a size (``"max_len=100"``; the command line: ``"--context 100"``).
+    adjustable : tuple of str, optional
+        The sizes the caller may change (default: all). The one named in the message is the
+        one of these that matters most: set to 1, it shrinks the estimate the most; the
+        message also gives the largest value of it that fits, where one does.
+    hint : str, optional
+        Appended to the message (how to change that size, where the command cannot).
     """
     parts = needs(sizes)
     total = sum(parts.values())
     available = available_memory()
     if available is None or total <= available:
         return
-    culprit = min(sizes, key=lambda name: sum(needs({**sizes, name: 1}).values()))
     detail = ", ".join(f"{part} {format_bytes(n)}" for part, n in parts.items() if n)
-    raise ValueError(f"{label(culprit, sizes[culprit])} is too large: it needs at least "
-                     f"{format_bytes(total)} of memory ({detail}) and "
-                     f"{format_bytes(available)} is available")
+    needed = f"at least {format_bytes(total)} of memory ({detail}) and " \
+             f"{format_bytes(available)} is available"
+    names = [name for name in sizes if adjustable is None or name in adjustable]
+    if not names:
+        raise ValueError(f"this needs {needed}{hint}")
+
+    def total_with(name: str, value: int) -> int:
+        return sum(needs({**sizes, name: value}).values())
+
+    culprit = min(names, key=lambda name: total_with(name, 1))
+    fits = ""
+    if total_with(culprit, 1) <= available:  # the largest value that fits, by bisection
+        lo, hi = 1, sizes[culprit]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if total_with(culprit, mid) <= available else (lo, mid)
+        fits = f"; {label(culprit, lo)} fits"
+    raise ValueError(f"{label(culprit, sizes[culprit])} is too large: it needs {needed}"
+                     f"{fits}{hint}")
 
 
 def check_config_fits(config, models: tuple[str, ...] = MODEL_KINDS) -> None:
@@ -232,9 +298,10 @@ def check_config_fits(config, models: tuple[str, ...] = MODEL_KINDS) -> None:
 
 
 def check_training_fits(config, model: str, batch: int, steps: int, eval_batch: int = 0,
-                        schedule: bool = True, label: Callable[[str, int], str] = _label) -> None:
+                        schedule: bool = True, label: Callable[[str, int], str] = _label,
+                        adjustable: tuple[str, ...] | None = None, hint: str = "") -> None:
     """:func:`check_fits` for a training run (:func:`training_bytes`); ``batch`` and ``steps``
-    are sizes like the config's.
+    are sizes like the config's; ``adjustable`` and ``hint`` as :func:`check_fits` takes them.
 
     Raises
     ------
@@ -247,4 +314,27 @@ def check_training_fits(config, model: str, batch: int, steps: int, eval_batch: 
         sized = dataclasses.replace(config, **{k: sizes[k] for k in model_sizes})
         return training_bytes(sized, model, sizes["batch"], sizes["steps"], eval_batch, schedule)
 
-    check_fits(needs, {**model_sizes, "batch": batch, "steps": steps}, label)
+    check_fits(needs, {**model_sizes, "batch": batch, "steps": steps}, label, adjustable, hint)
+
+
+def check_inference_fits(config, model: str, batch: int, length: int | None = None,
+                         copies: int = 1, label: Callable[[str, int], str] = _label,
+                         adjustable: tuple[str, ...] = ("batch", "length"),
+                         hint: str = "") -> None:
+    """:func:`check_fits` for an inference (:func:`inference_bytes`): the weights and one
+    forward of ``batch`` sequences of ``length`` positions.
+
+    Raises
+    ------
+    ValueError
+        If it cannot fit in the memory available.
+    """
+    model_sizes = _sizes(config, model)
+
+    def needs(sizes: dict[str, int]) -> dict[str, int]:
+        sized = dataclasses.replace(config, **{k: sizes[k] for k in model_sizes})
+        return inference_bytes(sized, model, sizes["batch"], sizes["length"], copies)
+
+    sizes = {**model_sizes, "batch": batch,
+             "length": config.max_len if length is None else length}
+    check_fits(needs, sizes, label, adjustable, hint)

@@ -123,6 +123,7 @@ def test_the_hf_export_writes_the_bpe_and_the_pipeline_continues_as_we_do(bpe_ru
     strange.write_text(text.read_text(encoding="utf-8") + " ☃ ∮", encoding="utf-8")
     out = _train("--init-from", tmp_path / "hf", "--text", strange, "--steps", "2",
                  "--batch", "4", "--out", tmp_path / "ft")
-    assert "BPE tokens, vocabulary 320" in out
+    assert "tokenized by the tokenizer of the model it started from" in out
+    assert "tokens, vocabulary 320" in out
     ft = load_checkpoint(tmp_path / "ft" / "checkpoint.npz")
     assert ft.options["tokenizer"] == "bpe" and ft.options["vocab_size"] == 320

@@ -307,7 +307,7 @@ def test_bad_sampling_and_resume_input(tiny_run, tmp_path):
     cases = [
         (["sample", run_dir, "--prompt", "snow \u2603"], "'\u2603'"),
         (["sample", run_dir, "--prompt", ""], "empty"),
-        (["sample", tmp_path / "nothing"], "no such checkpoint"),
+        (["sample", tmp_path / "nothing"], "no such file or folder"),
         (["train", "--resume", tmp_path / "nothing"], "no such run folder"),
         (["train", "--resume", run_dir, "--width", "8"], "drop --width"),
         (["train", "--resume", run_dir, "--force"], "drop --force"),

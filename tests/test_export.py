@@ -273,7 +273,8 @@ def test_export_refuses_an_out_that_is_no_folder(tiny_run, tmp_path, out, messag
 def test_import_of_an_export_is_the_run_it_came_from(tiny_run, tmp_path):
     """export then import: the run folder that comes back holds the same weights bit for bit,
     at step 0 with the run's text; sample and train --resume take it. A folder that is no
-    export, and a text of other characters, are refused in one line."""
+    export, and a text with characters the model's vocabulary lacks, are refused in one
+    line."""
     assert run_cli(["export", tiny_run, "--out", tmp_path / "st"])[0] == 0
     text = small_text(tiny_run.parent)
     code, out, err = run_cli(["import", tmp_path / "st", "--out", tmp_path / "back", "--text",
@@ -289,11 +290,13 @@ def test_import_of_an_export_is_the_run_it_came_from(tiny_run, tmp_path):
     assert run_cli(["sample", tmp_path / "back", "--length", "4"])[0] == 0
     assert run_cli(["train", "--resume", tmp_path / "back", "--steps", "2", "--quiet"])[0] == 0
     other = tmp_path / "other.txt"
-    other.write_text("xyz" * 200)
+    other.write_text("xyz \u2603" * 200)  # a snowman: no character of the model's
     for argv, message in ((["import", tmp_path / "st", "--out", tmp_path / "x", "--text", other],
-                           "(only the model's: '\\n !"),
+                           "1 character(s) outside the tokenizer's vocabulary"),
                           (["import", tmp_path / "nothing", "--out", tmp_path / "y"],
-                           "neither a transformers folder"),
+                           "no such file or folder"),
+                          (["import", tmp_path, "--out", tmp_path / "y"],
+                           "neither a run folder"),
                           (["import", tmp_path / "st", "--out", tmp_path / "back", "--text",
                             text], "or pass --force")):
         code, _, err = run_cli(argv)

@@ -88,8 +88,8 @@ def test_cached_prefill_in_chunks(positions, backend):
 def test_a_cached_forward_keeps_nothing_for_a_backward():
     """Decoding is inference only: after a forward with a cache, the attention refuses a
     backward instead of differentiating keys and values it took from the cache."""
-    model = DecoderLM(tiny_config()).eval()
-    model.forward(np.zeros((1, 4), dtype=int))
+    model = DecoderLM(tiny_config())
+    model.forward(np.zeros((1, 4), dtype=int))  # training mode: a cache for the backward
     assert model.decoder.blocks[0].attn.cache is not None
     model.forward(np.zeros((1, 2), dtype=int), cache=new_cache(model, 1))
     assert model.decoder.blocks[0].attn.cache is None

@@ -96,9 +96,9 @@ def test_model_options_that_differ_from_the_source_are_refused_together(source, 
     tmp, new = source
     argv = ["train", "--init-from", tmp / "src", "--text", new, "--out", tmp_path / "ft",
             "--quiet", "--steps", "2"]
-    code, _, err = run_cli([*argv, "--width", "32", "--context", "8", "--heads", "2"])
+    code, _, err = run_cli([*argv, "--width", "32", "--ffn-width", "8", "--heads", "2"])
     assert code == 2 and one_line_error(err), err
-    assert "--width 32 (the source's: 16)" in err and "--context 8 (the source's: 16)" in err
+    assert "--width 32 (the source's: 16)" in err and "--ffn-width 8 (the source's: 32)" in err
     assert "--heads" not in err  # the source's own value is no conflict
     code, _, err = run_cli([*argv, "--heads", "2", "--backend", "numpy", "--dropout", "0.1"])
     assert code == 0, err  # what the weights do not fix is the new run's to choose

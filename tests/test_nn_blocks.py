@@ -94,7 +94,10 @@ def test_dropout_in_training_and_eval():
     assert not np.array_equal(block.forward(x), block.forward(x))  # fresh masks each time
     block.eval()
     np.testing.assert_array_equal(block.forward(x), block.forward(x))
-    assert_gradcheck(check_module(block, {"x": x}), block)  # eval: deterministic and checkable
+    with pytest.raises(ValueError, match="evaluation mode"):  # eval is inference: no cache
+        block.backward(rng.normal(size=(B, T, C)))
+    block = EncoderBlock(C, H, FFN, dropout=0.0, rng=rng)  # a deterministic gradient: no dropout
+    assert_gradcheck(check_module(block, {"x": x}), block)
 
 
 def test_memory_required_exactly_when_cross():

@@ -132,7 +132,9 @@ def test_dropout_is_seeded_and_identity_in_eval(rng):
     x = rng.normal(size=(4, 5))
     np.testing.assert_array_equal(Dropout(0.5, seed=1).forward(x), Dropout(0.5, seed=1).forward(x))
     layer = Dropout(0.5, seed=1).eval()
-    assert layer.forward(x) is x and layer.backward(x) is x
+    assert layer.forward(x) is x
+    with pytest.raises(ValueError, match="evaluation mode"):  # inference keeps nothing
+        layer.backward(x)
     assert Dropout(0.0).forward(x) is x
     with pytest.raises(ValueError, match="dropout probability"):
         Dropout(1.0)

@@ -330,15 +330,17 @@ def load_hf(directory: str | Path, backend: str | None = None) -> Exported:
     -------
     exported : Exported
         The model, in evaluation mode (as ``from_pretrained`` returns one) and in the dtype of
-        its float32/float64 weights; its tokenizer if the directory
-        holds a character vocabulary as :func:`save_hf` writes it (else None);
+        its float32/float64 weights; its tokenizer if the directory holds one: a character
+        vocabulary as :func:`save_hf` writes it, or a byte-level BPE (GPT-2's, LLaMA's, ids
+        unchanged; fewer ids than the model's embedding rows are fine), else None;
         ``info = {"family": ...}``.
 
     Raises
     ------
     ValueError
         One line naming the directory: no config or weights, a config of another shape (the
-        fields are listed), weights of another dtype or that do not fit.
+        fields are listed), weights of another dtype or that do not fit, a tokenizer that is
+        neither characters nor byte-level BPE or has more ids than the model has rows.
     """
     directory = Path(directory)
     weights = directory / "model.safetensors"
@@ -365,6 +367,9 @@ def load_hf(directory: str | Path, backend: str | None = None) -> Exported:
         model = ours.DecoderLM(config)
         model.load_state_dict(from_hf_state(state, config, hf.model_type))
         tokenizer = load_tokenizer(directory)
+        if tokenizer is not None and tokenizer.vocab_size > config.vocab:
+            raise ValueError(f"its tokenizer has {tokenizer.vocab_size:,} ids, more than the "
+                             f"model's {config.vocab:,} embedding rows")
     except (ValueError, TypeError, KeyError, AttributeError, json.JSONDecodeError) as e:
         raise ValueError(f"{directory}: {e}") from None
     model.eval()  # as transformers' from_pretrained returns it: dropout off

@@ -62,18 +62,28 @@ def load_tokenizer(directory: str | Path) -> CharTokenizer | BPETokenizer | None
     Raises
     ------
     ValueError
-        If it is neither a byte-level BPE nor a vocabulary of one character per id in the
-        order of a ``CharTokenizer`` (sorted by code point, ids 0 .. V-1).
+        If it is neither a byte-level BPE (``bpe.check_bpe_spec``) nor a vocabulary of one
+        character per id in the order of a ``CharTokenizer`` (sorted by code point, ids
+        0 .. V-1); or not UTF-8 JSON.
     """
     path = Path(directory) / "tokenizer.json"
     if not path.is_file():
         return None
-    spec = path.read_text(encoding="utf-8")
-    model = json.loads(spec).get("model", {})
-    if model.get("type") == "BPE":
-        return BPETokenizer(spec)
+    try:
+        spec = path.read_text(encoding="utf-8")
+        d = json.loads(spec)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise ValueError(f"{path}: not a tokenizer.json ({reason})") from None
+    model = d.get("model") if isinstance(d, dict) else None
+    model = model if isinstance(model, dict) else {}
+    if model.get("type") != "WordLevel":
+        try:
+            return BPETokenizer(spec)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
     vocab = model.get("vocab")
-    if model.get("type") != "WordLevel" or not isinstance(vocab, dict):
+    if not isinstance(vocab, dict):
         raise ValueError(f"{path} is not a character vocabulary (a WordLevel model)")
     chars = sorted(vocab, key=vocab.get)
     if any(len(ch) != 1 for ch in chars) or [vocab[ch] for ch in chars] != list(range(len(chars))) \

@@ -39,16 +39,17 @@ def erf(x: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- ReLU
-def relu_forward(x: np.ndarray):
+def relu_forward(x: np.ndarray, *, keep: bool = True):
     """``out = max(x, 0)``. Returns ``(out, cache)``; the cache is ``out`` itself, which is
-    positive exactly where x is (do not write into it before the backward).
+    positive exactly where x is (do not write into it before the backward); None without
+    ``keep`` (inference: no backward follows).
 
     Notes
     -----
     (1) out = max(x, 0)
     """
     out = np.maximum(x, 0)
-    return out, out
+    return out, out if keep else None
 
 
 def relu_backward(dout: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -59,16 +60,17 @@ def relu_backward(dout: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- GELU (erf)
-def gelu_forward(x: np.ndarray):
+def gelu_forward(x: np.ndarray, *, keep: bool = True):
     """Exact GELU, ``out = x * Phi(x)`` with ``Phi(x) = (1 + erf(x / sqrt 2)) / 2``.
 
-    Returns ``(out, cache)``; the cache is a copy of x (the caller may write into its own).
+    Returns ``(out, cache)``; the cache is a copy of x (the caller may write into its own),
+    None without ``keep`` (inference: no backward follows).
 
     Notes
     -----
     (1) out = x Phi(x),  Phi(x) = (1 + erf(x / sqrt(2))) / 2
     """
-    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0))), x.copy()
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0))), x.copy() if keep else None
 
 
 def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -85,18 +87,19 @@ _K = math.sqrt(2.0 / math.pi)  # the constants of the tanh approximation
 _A = 0.044715
 
 
-def gelu_tanh_forward(x: np.ndarray):
+def gelu_tanh_forward(x: np.ndarray, *, keep: bool = True):
     """Tanh-approximated GELU, ``out = x/2 (1 + th)`` with ``th = tanh(u)``,
     ``u = K (x + A x^3)``.
 
     Returns ``(out, cache)``; the cache is a copy of x, as the exact GELU's (the backward
-    computes ``th`` again: one more tanh instead of a second array kept for every layer).
+    computes ``th`` again: one more tanh instead of a second array kept for every layer),
+    None without ``keep``.
 
     Notes
     -----
     (1) u = K (x + A x^3),  K = sqrt(2 / pi),  A = 0.044715   (2) out = x/2 (1 + tanh(u))
     """
-    return 0.5 * x * (1.0 + np.tanh(_K * (x + _A * x**3))), x.copy()
+    return 0.5 * x * (1.0 + np.tanh(_K * (x + _A * x**3))), x.copy() if keep else None
 
 
 def gelu_tanh_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -108,16 +111,16 @@ def gelu_tanh_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- SiLU / SwiGLU
-def silu_forward(x: np.ndarray):
+def silu_forward(x: np.ndarray, *, keep: bool = True):
     """``out = x * sigmoid(x)``. Returns ``(out, cache)`` with cache ``(x, sigmoid(x))``, x
-    copied.
+    copied (None without ``keep``).
 
     Notes
     -----
     (1) s = sigmoid(x)   (2) out = x s
     """
     sig = 1.0 / (1.0 + np.exp(-x))
-    return x * sig, (x.copy(), sig)
+    return x * sig, (x.copy(), sig) if keep else None
 
 
 def silu_backward(dout: np.ndarray, cache) -> np.ndarray:
@@ -133,16 +136,17 @@ class SwiGLUCache(NamedTuple):
     silu_cache: tuple
 
 
-def swiglu_forward(gate: np.ndarray, up: np.ndarray):
-    """Gated unit ``out = silu(gate) * up`` (the gate of SwiGLU's feed-forward).
+def swiglu_forward(gate: np.ndarray, up: np.ndarray, *, keep: bool = True):
+    """Gated unit ``out = silu(gate) * up`` (the gate of SwiGLU's feed-forward); the cache is
+    None without ``keep``.
 
     Notes
     -----
     (1) a = silu(gate)   (2) out = a * up
     """
     check_shaped("up", up, np.shape(gate), what="gate")
-    a, silu_cache = silu_forward(gate)  # (1)
-    return a * up, SwiGLUCache(up.copy(), a, silu_cache)  # (2)
+    a, silu_cache = silu_forward(gate, keep=keep)  # (1)
+    return a * up, SwiGLUCache(up.copy(), a, silu_cache) if keep else None  # (2)
 
 
 def swiglu_backward(dout: np.ndarray, cache: SwiGLUCache):
@@ -155,11 +159,13 @@ def swiglu_backward(dout: np.ndarray, cache: SwiGLUCache):
 
 
 # ----------------------------------------------------------------------------- dropout
-def dropout_forward(x: np.ndarray, p: float, rng: np.random.Generator, training: bool = True):
+def dropout_forward(x: np.ndarray, p: float, rng: np.random.Generator, training: bool = True,
+                    *, keep: bool = True):
     """Inverted dropout: zero each entry with probability ``p``, scale survivors by 1/(1-p).
 
     Returns ``(out, cache)``; the cache is the scaled keep-mask (``None`` when the call is an
-    identity: evaluation mode or ``p == 0``), so backward reuses exactly the forward's mask.
+    identity: evaluation mode or ``p == 0``; and without ``keep``), so backward reuses
+    exactly the forward's mask.
 
     Notes
     -----
@@ -168,8 +174,8 @@ def dropout_forward(x: np.ndarray, p: float, rng: np.random.Generator, training:
     _check_probability(p)
     if not training or p == 0.0:
         return x, None
-    keep = dropout_mask(x.shape, p, rng, x.dtype)  # (1) m
-    return x * keep, keep  # (2) out = x * m
+    m = dropout_mask(x.shape, p, rng, x.dtype)  # (1) m
+    return x * m, m if keep else None  # (2) out = x * m
 
 
 def _check_probability(p: float) -> None:

@@ -130,7 +130,7 @@ def attention_weights(q, k, mask=None, bias=None, scale=None) -> np.ndarray:
     return scores_forward(q, repeat_kv(k, q.shape[1]), mask, bias, scale)[0]  # (0), (1)-(4)
 
 
-def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None):
+def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None, *, keep=True):
     """Scaled dot-product attention, ``(softmax(q k^T / sqrt(D) + bias, masked) * dropout) v``.
 
     Parameters
@@ -149,11 +149,14 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None):
         Multipliers of the attention weights after the softmax: inverted dropout's 0 or
         1 / (1 - p) (``functional.activations.dropout_mask``), as GPT-2's ``attn_pdrop``
         and ``torch.nn.functional.scaled_dot_product_attention(dropout_p=p)``. Constant.
+    keep : bool, default True
+        Whether to return the cache a backward needs; False (inference): None, and nothing
+        is copied.
 
     Returns
     -------
     out : ndarray of shape (B, H, T_q, D)
-    cache : SDPACache
+    cache : SDPACache or None
 
     Raises
     ------
@@ -178,6 +181,8 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None):
     probs, scale = scores_forward(q, repeat_kv(k, heads), mask, bias, scale)  # (0)-(4)
     dropped = probs if dropout is None else probs * dropout  # (4b) (B, H, T_q, T_k)
     out = dropped @ repeat_kv(v, heads)  # (0), (5) (B, H, T_q, D)
+    if not keep:
+        return out, None
     # the cache owns what it keeps: the caller may write into q, k, v and the multipliers
     # before the backward
     return out, SDPACache(q.copy(), k.copy(), v.copy(), probs, scale,

@@ -27,18 +27,20 @@ def check_embedding_ids(ids: object, table: np.ndarray) -> np.ndarray:
     return ids
 
 
-def embedding_forward(ids: np.ndarray, table: np.ndarray):
+def embedding_forward(ids: np.ndarray, table: np.ndarray, *, keep: bool = True):
     """Look up one row of ``table`` per token id.
 
     Parameters
     ----------
     ids : ndarray of int, shape (B, T)
     table : ndarray of shape (V, C)
+    keep : bool, default True
+        Whether to return the cache a backward needs; False (inference): None.
 
     Returns
     -------
     out : ndarray of shape (B, T, C)
-    cache : EmbeddingCache
+    cache : EmbeddingCache or None
 
     Raises
     ------
@@ -51,7 +53,7 @@ def embedding_forward(ids: np.ndarray, table: np.ndarray):
     """
     check_float("table", table, ndim=2)
     ids = check_embedding_ids(ids, table)
-    return table[ids], EmbeddingCache(ids.copy(), table.shape, table.dtype)
+    return table[ids], EmbeddingCache(ids.copy(), table.shape, table.dtype) if keep else None
 
 
 def embedding_backward(dout: np.ndarray, cache: EmbeddingCache) -> np.ndarray:
@@ -65,9 +67,9 @@ def embedding_backward(dout: np.ndarray, cache: EmbeddingCache) -> np.ndarray:
 
 
 def embeddings_forward(ids: np.ndarray, table: np.ndarray, scale: float = 1.0,
-                       positions: np.ndarray | None = None):
+                       positions: np.ndarray | None = None, *, keep: bool = True):
     """``table[ids] * scale + positions``; returns ``(out, cache)`` with
-    :func:`embedding_forward`'s cache.
+    :func:`embedding_forward`'s cache (None without ``keep``).
 
     Parameters
     ----------
@@ -82,7 +84,7 @@ def embeddings_forward(ids: np.ndarray, table: np.ndarray, scale: float = 1.0,
     (1) e = table[ids]   (2) e = e * scale   (3) out = e + positions
     """
     check_scalar("scale", scale)
-    e, cache = embedding_forward(ids, table)  # (1) (B, T, C)
+    e, cache = embedding_forward(ids, table, keep=keep)  # (1) (B, T, C)
     e = e * scale  # (2)
     if positions is not None:
         check_shaped("positions", positions, e.shape[1:], what="(T, C) of ids and table")

@@ -67,7 +67,8 @@ class FeedForwardCache(NamedTuple):
     down: LinearCache  # (3) a (..., F) and w_down (F, C), a copy
 
 
-def feed_forward_forward(x: np.ndarray, weights: Weights, activation: str):
+def feed_forward_forward(x: np.ndarray, weights: Weights, activation: str, *,
+                         keep: bool = True):
     """The feed-forward network over the last axis.
 
     Parameters
@@ -78,11 +79,14 @@ def feed_forward_forward(x: np.ndarray, weights: Weights, activation: str):
         ``"gate"``: (C, F) and (F,). ``x @ w`` layout; the cache copies the matrices.
     activation : str
         One of ``config.ACTIVATIONS``.
+    keep : bool, default True
+        Whether to return the cache a backward needs; False (inference): None, and nothing
+        is copied.
 
     Returns
     -------
     out : ndarray of shape (..., C)
-    cache : FeedForwardCache
+    cache : FeedForwardCache or None
 
     Raises
     ------
@@ -98,7 +102,8 @@ def feed_forward_forward(x: np.ndarray, weights: Weights, activation: str):
     The steps are :func:`compose_forward`'s, with ``linear_forward`` and the activation's pair.
     """
     check_feed_forward_weights(weights, activation)
-    return compose_forward(x, weights, activation, linear_forward, activation_pair(activation))
+    return compose_forward(x, weights, activation, linear_forward, activation_pair(activation),
+                           keep)
 
 
 def feed_forward_backward(dout: np.ndarray, cache: FeedForwardCache):
@@ -108,21 +113,24 @@ def feed_forward_backward(dout: np.ndarray, cache: FeedForwardCache):
 
 
 def compose_forward(x: np.ndarray, weights: Weights, activation: str, linear: Callable,
-                    pair: tuple[Callable, Callable]):
-    """(1)-(3) of :func:`feed_forward_forward` made of the given pieces: ``linear(x, w, b)``
-    and the activation's ``(forward, backward)`` (a faster backend gives its own)."""
+                    pair: tuple[Callable, Callable], keep: bool = True):
+    """(1)-(3) of :func:`feed_forward_forward` made of the given pieces: ``linear(x, w, b,
+    keep=keep)`` and the activation's ``(forward, backward)`` (a faster backend gives its
+    own)."""
     act_forward, _ = pair
-    x = x.copy()  # the cache keeps x and the matrices: the caller may write into its own
-    own = {name: (kept(w), b) for name, (w, b) in weights.items()}
-    h, up = linear(x, *own["up"])  # (1) (..., F)
+    own = weights
+    if keep:  # the cache keeps x and the matrices: the caller may write into its own
+        x = x.copy()
+        own = {name: (kept(w), b) for name, (w, b) in weights.items()}
+    h, up = linear(x, *own["up"], keep=keep)  # (1) (..., F)
     gate = None
     if activation in GATED_ACTIVATIONS:
-        g, gate = linear(x, *own["gate"])  # (1) (..., F)
-        a, act = act_forward(g, h)  # (2) silu(g) * u
+        g, gate = linear(x, *own["gate"], keep=keep)  # (1) (..., F)
+        a, act = act_forward(g, h, keep=keep)  # (2) silu(g) * u
     else:
-        a, act = act_forward(h)  # (2)
-    out, down = linear(a, *own["down"])  # (3) (..., C)
-    return out, FeedForwardCache(activation, up, gate, act, down)
+        a, act = act_forward(h, keep=keep)  # (2)
+    out, down = linear(a, *own["down"], keep=keep)  # (3) (..., C)
+    return out, FeedForwardCache(activation, up, gate, act, down) if keep else None
 
 
 def compose_backward(dout: np.ndarray, cache: FeedForwardCache, linear_back: Callable,

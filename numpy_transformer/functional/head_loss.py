@@ -30,7 +30,7 @@ class LinearCrossEntropyCache(NamedTuple):
 
 def linear_cross_entropy_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                                  targets: np.ndarray, ignore_index: int = -100,
-                                 mask: np.ndarray | None = None):
+                                 mask: np.ndarray | None = None, *, keep: bool = True):
     """Mean cross-entropy of the logits ``x w + b`` against ``targets``.
 
     Parameters
@@ -44,12 +44,14 @@ def linear_cross_entropy_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | N
         Targets equal to it are not counted.
     mask : ndarray of bool, shape (...), optional
         ``True`` = count this target. Combined with ``ignore_index``.
+    keep : bool, default True
+        Whether to return the cache a backward needs; False (a held-out loss): None.
 
     Returns
     -------
     loss : float
         Mean over the counted targets.
-    cache : LinearCrossEntropyCache
+    cache : LinearCrossEntropyCache or None
 
     Raises
     ------
@@ -60,9 +62,9 @@ def linear_cross_entropy_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | N
     -----
     (1) logits = x w + b   (2) loss = cross_entropy(logits, targets)
     """
-    logits, linear = linear_forward(x, w, b)  # (1) (..., V)
-    loss, ce = cross_entropy_forward(logits, targets, ignore_index, mask)  # (2)
-    return loss, LinearCrossEntropyCache(linear, ce)
+    logits, linear = linear_forward(x, w, b, keep=keep)  # (1) (..., V)
+    loss, ce = cross_entropy_forward(logits, targets, ignore_index, mask, keep=keep)  # (2)
+    return loss, LinearCrossEntropyCache(linear, ce) if keep else None
 
 
 def linear_cross_entropy_backward(dloss: float, cache: LinearCrossEntropyCache):

@@ -79,7 +79,8 @@ def merge_heads(x: np.ndarray) -> np.ndarray:
     return x.transpose(0, 2, 1, 3).reshape(b, t, h * d)
 
 
-def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
+def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *,
+                   keep: bool = True):
     """Affine map over the last axis.
 
     Parameters
@@ -87,11 +88,14 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
     x : ndarray of shape (..., C_in)
     w : ndarray of shape (C_in, C_out)
     b : ndarray of shape (C_out,), optional
+    keep : bool, default True
+        Whether to return the cache a backward needs; False (inference): the cache is None
+        and nothing is copied.
 
     Returns
     -------
     out : ndarray of shape (..., C_out)
-    cache : LinearCache
+    cache : LinearCache or None
 
     Notes
     -----
@@ -101,6 +105,8 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
     out = x @ w  # (1) (..., C_out)
     if b is not None:
         out += b
+    if not keep:
+        return out, None
     # the cache owns what it keeps: the caller may write into x and w before the backward
     # (kept: a copy of w, or w itself inside one forward-and-backward call, ownership.py)
     return out, LinearCache(x.copy(), kept(w), b is not None)
@@ -122,7 +128,8 @@ def linear_backward(dout: np.ndarray, cache: LinearCache):
     return dx, dw, db
 
 
-def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int):
+def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int, *,
+                         keep: bool = True):
     """Several affine maps of one source, each split into heads: attention's projections.
 
     Parameters
@@ -134,11 +141,13 @@ def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int)
         The biases, or none at all.
     heads : int
         H.
+    keep : bool, default True
+        As :func:`linear_forward`'s.
 
     Returns
     -------
     ys : tuple of S ndarrays of shape (B, H, T, D)
-    cache : LinearHeadsCache
+    cache : LinearHeadsCache or None
 
     Notes
     -----
@@ -157,6 +166,8 @@ def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int)
         if bs is not None:
             y += bs[i]  # (1)
         ys.append(split_heads(y, heads))  # (2) (B, H, T, D)
+    if not keep:
+        return tuple(ys), None
     # the cache owns what it keeps: the caller may write into x and ws before the backward
     # (kept: see linear_forward)
     return tuple(ys), LinearHeadsCache(x.copy(), tuple(kept(w) for w in ws), bs is not None,

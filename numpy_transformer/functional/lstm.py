@@ -73,7 +73,7 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
 
 
 def lstm_forward(x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None, w_ih: np.ndarray,
-                 w_hh: np.ndarray, b: np.ndarray):
+                 w_hh: np.ndarray, b: np.ndarray, *, keep: bool = True):
     """Run one LSTM layer over every time step of a batch of sequences.
 
     Parameters
@@ -87,6 +87,9 @@ def lstm_forward(x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None, w_
         Recurrent weights, same blocks (PyTorch's ``weight_hh_l0`` transposed).
     b : ndarray of shape (4H,)
         The bias, PyTorch's ``bias_ih_l0 + bias_hh_l0``.
+    keep : bool, default True
+        Whether to return the cache a backward needs; False (inference): None, and nothing
+        is copied.
 
     Returns
     -------
@@ -94,7 +97,7 @@ def lstm_forward(x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None, w_
         The hidden states h_1 .. h_T, kept by the cache: do not write into them before the backward.
     (h_T, c_T) : tuple of ndarray of shape (B, H)
         The state after the last step (copies), to carry into the next forward.
-    cache : LSTMCache
+    cache : LSTMCache or None
         It keeps copies of x, h0, c0, w_ih, w_hh: the caller may then write into its arrays.
 
     Raises
@@ -115,8 +118,10 @@ def lstm_forward(x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None, w_
     at once: only h_{t-1} W_hh waits for the previous step.
     """
     bsz, t_len, _, hidden = check_lstm_inputs(x, h0, c0, w_ih, w_hh, b)
-    h0, c0 = (np.zeros((bsz, hidden), x.dtype) if s is None else s.copy() for s in (h0, c0))
-    x, w_ih, w_hh = x.copy(), w_ih.copy(), w_hh.copy()  # the cache's own: see Returns
+    h0, c0 = (np.zeros((bsz, hidden), x.dtype) if s is None else s.copy() if keep else s
+              for s in (h0, c0))
+    if keep:
+        x, w_ih, w_hh = x.copy(), w_ih.copy(), w_hh.copy()  # the cache's own: see Returns
     z_in = x @ w_ih + b  # (1) the input part for every step at once: (B, T, 4H)
     gates, c, tanh_c, h = (np.empty((bsz, t_len, n), x.dtype)  # (B, T, 4H), then (B, T, H)
                            for n in (4 * hidden, hidden, hidden, hidden))
@@ -131,7 +136,7 @@ def lstm_forward(x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None, w_
         gates[:, t] = np.concatenate([i, f, g, o], axis=1)
         h_prev, c_prev = h[:, t], c[:, t]
     final = (h[:, -1].copy(), c[:, -1].copy())
-    return h, final, LSTMCache(x, h0, c0, w_ih, w_hh, gates, c, tanh_c, h)
+    return h, final, LSTMCache(x, h0, c0, w_ih, w_hh, gates, c, tanh_c, h) if keep else None
 
 
 def lstm_backward(dout: np.ndarray, dh_T: np.ndarray | None, dc_T: np.ndarray | None,

@@ -34,7 +34,8 @@ class LayerNormCache(NamedTuple):
     rstd: np.ndarray  # (..., 1) 1 / sqrt(var + eps)
 
 
-def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float = 1e-5):
+def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float = 1e-5, *,
+                       keep: bool = True):
     """LayerNorm: normalise each token's features to zero mean and unit variance, then affine.
 
     Parameters
@@ -43,11 +44,13 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
     w, b : ndarray of shape (C,)
         Gain and shift.
     eps : float, default 1e-5 (as ``torch.nn.LayerNorm``)
+    keep : bool, default True
+        Whether to return the cache a backward needs; False (inference): None.
 
     Returns
     -------
     out : ndarray of shape (..., C)
-    cache : LayerNormCache
+    cache : LayerNormCache or None
 
     Notes
     -----
@@ -61,7 +64,7 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
     var = (xc * xc).mean(axis=-1, keepdims=True)
     rstd = 1.0 / np.sqrt(var + x.dtype.type(eps))  # (2)
     x_hat = xc * rstd
-    return x_hat * w + b, LayerNormCache(x_hat, kept(w), rstd)  # (3)
+    return x_hat * w + b, LayerNormCache(x_hat, kept(w), rstd) if keep else None  # (3)
 
 
 def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
@@ -86,7 +89,8 @@ class RMSNormCache(NamedTuple):
     rrms: np.ndarray  # (..., 1) 1 / sqrt(mean x^2 + eps)
 
 
-def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
+def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None, *,
+                     keep: bool = True):
     """RMSNorm: divide each token by its root-mean-square, then scale. No mean, no shift.
 
     Parameters
@@ -95,11 +99,13 @@ def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
     w : ndarray of shape (C,)
     eps : float, optional
         Default ``np.finfo(x.dtype).eps``, as ``torch.nn.RMSNorm(eps=None)``.
+    keep : bool, default True
+        As :func:`layer_norm_forward`'s.
 
     Returns
     -------
     out : ndarray of shape (..., C)
-    cache : RMSNormCache
+    cache : RMSNormCache or None
 
     Notes
     -----
@@ -109,7 +115,7 @@ def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
     eps = np.finfo(x.dtype).eps if eps is None else eps
     rrms = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + x.dtype.type(eps))  # (1)
     x_hat = x * rrms  # (2)
-    return x_hat * w, RMSNormCache(x_hat, kept(w), rrms)  # (3)
+    return x_hat * w, RMSNormCache(x_hat, kept(w), rrms) if keep else None  # (3)
 
 
 def rms_norm_backward(dout: np.ndarray, cache: RMSNormCache):

@@ -20,10 +20,11 @@ __all__ = [
 ]
 
 
-def softmax_forward(x: np.ndarray):
+def softmax_forward(x: np.ndarray, *, keep: bool = True):
     """Softmax along the last axis, stabilised by the row max.
 
-    Returns ``(y, cache)``; the cache is ``y`` itself, all the backward needs.
+    Returns ``(y, cache)``; the cache is ``y`` itself, all the backward needs (None without
+    ``keep``).
 
     Notes
     -----
@@ -32,7 +33,7 @@ def softmax_forward(x: np.ndarray):
     check_float("x", x)
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     y = e / e.sum(axis=-1, keepdims=True)
-    return y, y
+    return y, y if keep else None
 
 
 def softmax_backward(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -87,7 +88,7 @@ def counted_targets(logits: np.ndarray, targets: np.ndarray, ignore_index: int =
 
 
 def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index: int = -100,
-                          mask: np.ndarray | None = None):
+                          mask: np.ndarray | None = None, *, keep: bool = True):
     """Mean negative log-likelihood of ``targets`` under ``softmax(logits)``.
 
     Parameters
@@ -98,12 +99,14 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
         Targets equal to it are not counted (as ``F.cross_entropy``).
     mask : ndarray of bool, shape (...), optional
         ``True`` = count this target. Combined with ``ignore_index``.
+    keep : bool, default True
+        Whether to return the cache a backward needs (the probabilities); False: None.
 
     Returns
     -------
     loss : float
         Mean over the counted targets.
-    cache : CrossEntropyCache
+    cache : CrossEntropyCache or None
 
     Raises
     ------
@@ -117,6 +120,8 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
     flat_t, weight = counted_targets(logits, targets, ignore_index, mask)
     logp = log_softmax(logits.reshape(-1, logits.shape[-1]))  # (1) (N, V)
     loss = -(logp[np.arange(flat_t.size), flat_t] * weight).sum()  # (2)
+    if not keep:
+        return float(loss), None
     return float(loss), CrossEntropyCache(np.exp(logp), flat_t, weight, logits.shape)
 
 

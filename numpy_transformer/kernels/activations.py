@@ -47,13 +47,14 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1)
 
 
-def _out_and_copy(x: np.ndarray, kernel_f32, kernel_f64):
-    """``(out, copy of x)``, both written by the forward kernel of x's dtype in one pass."""
+def _out_and_copy(x: np.ndarray, kernel_f32, kernel_f64, keep: bool):
+    """``(out, copy of x)``, both written by the forward kernel of x's dtype in one pass;
+    ``(out, None)`` without ``keep`` (the copy a scratch array then)."""
     check_kernel_float("x", x)
     out, x_own = np.empty(x.shape, dtype=x.dtype), np.empty(x.shape, dtype=x.dtype)
     kernel = kernel_f32 if x.dtype == np.float32 else kernel_f64
     kernel(_flat(x), out.reshape(-1), x_own.reshape(-1))
-    return out, x_own
+    return out, x_own if keep else None
 
 
 def _dx_of_x(dout: np.ndarray, x: np.ndarray, kernel_f32, kernel_f64) -> np.ndarray:
@@ -80,12 +81,13 @@ def _relu_backward_kernel(dout, out, dx):  # pragma: no cover - compiled
         dx[i] = dout[i] if out[i] > 0 else 0.0 * dout[i]
 
 
-def relu_forward(x: np.ndarray):
-    """``out = max(x, 0)``; returns ``(out, out)`` as ``functional.activations.relu_forward``."""
+def relu_forward(x: np.ndarray, *, keep: bool = True):
+    """``out = max(x, 0)``; returns ``(out, out)`` (``(out, None)`` without ``keep``) as
+    ``functional.activations.relu_forward``."""
     check_kernel_float("x", x)
     out = np.empty(x.shape, dtype=x.dtype)
     _relu_forward_kernel(_flat(x), out.reshape(-1))
-    return out, out
+    return out, out if keep else None
 
 
 def relu_backward(dout: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -179,10 +181,10 @@ def _gelu_backward_f32(dout, x, dx):  # pragma: no cover - compiled
             dx[j] = dout[j] * (cdf + x[j] * e[j - lo] * c_pdf)  # Phi + x phi
 
 
-def gelu_forward(x: np.ndarray):
+def gelu_forward(x: np.ndarray, *, keep: bool = True):
     """Exact GELU ``x Phi(x)``; returns ``(out, copy of x)`` as
     ``functional.activations.gelu_forward``."""
-    return _out_and_copy(x, _gelu_forward_f32, _gelu_forward_f64)
+    return _out_and_copy(x, _gelu_forward_f32, _gelu_forward_f64, keep)
 
 
 def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -246,10 +248,10 @@ def _gelu_tanh_backward_f32(dout, x, dx):  # pragma: no cover - compiled
                            * (one + three_a * x[i] * x[i]))
 
 
-def gelu_tanh_forward(x: np.ndarray):
+def gelu_tanh_forward(x: np.ndarray, *, keep: bool = True):
     """Tanh GELU ``x/2 (1 + tanh(K (x + A x^3)))``; returns ``(out, copy of x)`` as
     ``functional.activations.gelu_tanh_forward``."""
-    return _out_and_copy(x, _gelu_tanh_forward_f32, _gelu_tanh_forward_f64)
+    return _out_and_copy(x, _gelu_tanh_forward_f32, _gelu_tanh_forward_f64, keep)
 
 
 def gelu_tanh_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:

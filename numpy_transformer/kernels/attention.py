@@ -112,7 +112,7 @@ def _heads_view(b: int, h: int, t: int, d: int, dtype) -> np.ndarray:
     return np.empty((b, t, h, d), dtype=dtype).transpose(0, 2, 1, 3)
 
 
-def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None):
+def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None, *, keep=True):
     """Fused scaled dot-product attention, ``softmax(q k^T * scale + bias, masked) v``.
 
     Same parameters, returns and errors as
@@ -131,11 +131,13 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None):
         Constant additive score bias (ALiBi). Converted to q's dtype.
     scale : float, optional
         Score scale, default ``1 / sqrt(D)``.
+    keep : bool, default True
+        Whether to return the cache; False (inference): None.
 
     Returns
     -------
     out : ndarray of shape (B, H, T_q, D), q's dtype
-    cache : SDPAKernelCache
+    cache : SDPAKernelCache or None
 
     Raises
     ------
@@ -149,7 +151,7 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None):
     about 1e-6 relative).
     """
     if dropout is not None:
-        return reference.sdpa_forward(q, k, v, mask, bias, scale, dropout)
+        return reference.sdpa_forward(q, k, v, mask, bias, scale, dropout, keep=keep)
     check_attention_inputs(q, k, v, mask, bias, scale)
     check_kernel_float("q", q)  # and so k and v, of q's dtype
     b, h, t_q, d = q.shape
@@ -169,6 +171,8 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None):
         _sdpa_forward_kernel(q, k, v, q.dtype.type(scale), causal, kv_len, mask_flat, mstr,
                              has_mask, bias_flat, bstr, has_bias, numba.get_num_threads(),
                              gemm_address(q.dtype), out.transpose(0, 2, 1, 3), lse)
+    if not keep:
+        return out, None
     cache = SDPAKernelCache(q, k, v, out, lse, scale, (b, h, t_q, t_k, d), causal, kv_len,
                             mask_flat, mstr, has_mask, bias_flat, bstr, has_bias, kv_heads)
     return out, cache

@@ -57,7 +57,7 @@ def _scatter_add_rows(dtable, ids, dout, scale):  # pragma: no cover - compiled
 
 
 def embeddings_forward(ids: np.ndarray, table: np.ndarray, scale: float = 1.0,
-                       positions: np.ndarray | None = None):
+                       positions: np.ndarray | None = None, *, keep: bool = True):
     """``table[ids] * scale + positions``: token rows, scaled, plus one position row per step.
 
     Parameters
@@ -66,11 +66,13 @@ def embeddings_forward(ids: np.ndarray, table: np.ndarray, scale: float = 1.0,
     table : ndarray of shape (V, C)
     scale : float, default 1.0
     positions : ndarray of shape (T, C), table's dtype, optional
+    keep : bool, default True
+        Whether to return the cache; False (inference): None.
 
     Returns
     -------
     out : ndarray of shape (B, T, C), table's dtype
-    cache : EmbeddingCache
+    cache : EmbeddingCache or None
         As ``functional.embedding.embedding_forward``'s (its ids a copy, as int64).
 
     Raises
@@ -91,7 +93,7 @@ def embeddings_forward(ids: np.ndarray, table: np.ndarray, scale: float = 1.0,
     _lookup_rows(ids.reshape(-1), table, table.dtype.type(scale),
                  np.ascontiguousarray(positions) if has_positions else table[:1],
                  has_positions, out.reshape(-1, table.shape[1]))
-    return out, EmbeddingCache(ids, table.shape, table.dtype)
+    return out, EmbeddingCache(ids, table.shape, table.dtype) if keep else None
 
 
 def embedding_backward(dout: np.ndarray, cache: EmbeddingCache) -> np.ndarray:

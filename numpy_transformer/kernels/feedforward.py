@@ -163,7 +163,7 @@ def _with_activation_output(cache: FeedForwardCache) -> FeedForwardCache:
     return cache._replace(down=cache.down._replace(x=a))
 
 
-def feed_forward_forward(x: np.ndarray, weights: dict, activation: str):
+def feed_forward_forward(x: np.ndarray, weights: dict, activation: str, *, keep: bool = True):
     """The feed-forward network; see ``functional.feedforward.feed_forward_forward``.
 
     Raises
@@ -179,10 +179,10 @@ def feed_forward_forward(x: np.ndarray, weights: dict, activation: str):
         if b is not None:
             check_kernel_float(f"weights[{name!r}] b", b)
     (w1, b1), (w2, b2) = weights["up"], weights["down"]
-    if not _one_pass(activation, w1, b1, w2, b2, x.dtype):
+    if not keep or not _one_pass(activation, w1, b1, w2, b2, x.dtype):
         out, cache = compose_forward(x, weights, activation, fast_linear.linear_forward,
-                                     _activation_pair(activation))
-        if activation not in _MADE_AGAIN:
+                                     _activation_pair(activation), keep)
+        if cache is None or activation not in _MADE_AGAIN:
             return out, cache
         return out, cache._replace(down=cache.down._replace(x=None))  # a: made again
     check_last_dim("x", x, w1.shape[0])

@@ -151,21 +151,23 @@ def _head_loss_kernel(x, w, transposed, b, has_bias, targets, weight, gemm_fn, g
 
 def linear_cross_entropy_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                                  targets: np.ndarray, ignore_index: int = -100,
-                                 mask: np.ndarray | None = None):
+                                 mask: np.ndarray | None = None, *, keep: bool = True):
     """Mean cross-entropy of ``x w + b``; see ``functional.head_loss``.
 
     Same arguments, same ``ValueError`` cases, same returns ``(loss, cache)``; the cache is a
-    :class:`HeadLossKernelCache` for a vocabulary of at least ``_WIDE_COLUMNS`` words.
+    :class:`HeadLossKernelCache` for a vocabulary of at least ``_WIDE_COLUMNS`` words. Without
+    ``keep`` (a held-out loss) it is None, and the loss is that of the two kernels, whose
+    gradients are not made.
     """
     check_linear_inputs(x, w, b)
     for name, a in (("x", x), ("w", w), ("b", b)):
         if a is not None:
             check_kernel_float(name, a)
     v = w.shape[1]
-    if v < _WIDE_COLUMNS:  # the loss's kernel checks and weighs the targets itself
-        logits, lin = linear.linear_forward(x, w, b)
-        loss, ce = softmax.cross_entropy_forward(logits, targets, ignore_index, mask)
-        return loss, LinearCrossEntropyCache(lin, ce)
+    if v < _WIDE_COLUMNS or not keep:  # the loss's kernel checks and weighs the targets
+        logits, lin = linear.linear_forward(x, w, b, keep=keep)
+        loss, ce = softmax.cross_entropy_forward(logits, targets, ignore_index, mask, keep=keep)
+        return loss, LinearCrossEntropyCache(lin, ce) if keep else None
     dtype = np.result_type(x, w, *(() if b is None else (b,)))
     # the targets' checks and weights take the logits' shape and dtype: a stand-in of no size
     logits_like = np.broadcast_to(np.zeros((), dtype), x.shape[:-1] + (v,))

@@ -222,31 +222,34 @@ def _check_inputs(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> None:
             check_kernel_float(name, a)
 
 
-def _operands(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, new_w: bool = False):
+def _operands(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, new_w: bool = False,
+              keep: bool = True):
     """``(x2, w, bias, has_bias)`` for the forward kernels: x as C-contiguous (N, C_in), all in
     NumPy's promoted dtype of ``x @ w + b``; without a bias, ``w[0]`` is an unused stand-in.
-    The cache keeps w: the caller's is ``kept``, a ``new_w`` (made by the caller) only cast."""
+    With ``keep`` the cache keeps x2 and w: the caller's w is ``kept``, a ``new_w`` (made by
+    the caller) only cast; without, nothing is copied that need not be."""
     has_bias = b is not None
     dtype = np.result_type(x, w, *((b,) if has_bias else ()))
     x2 = np.ascontiguousarray(x).reshape(-1, w.shape[0]).astype(dtype, copy=False)
-    if np.may_share_memory(x2, x):  # the cache keeps x2: it must not be the caller's x
+    if keep and np.may_share_memory(x2, x):  # the cache keeps x2: not the caller's x
         x2 = x2.copy()
-    w = w.astype(dtype, copy=False) if new_w else kept(w, dtype)  # (ownership.py)
+    w = w.astype(dtype, copy=False) if new_w or not keep else kept(w, dtype)  # ownership.py
     return x2, w, (b.astype(dtype, copy=False) if has_bias else w[0]), has_bias
 
 
-def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
+def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *,
+                   keep: bool = True):
     """Affine map over the last axis; see ``functional.linear.linear_forward``."""
     _check_inputs(x, w, b)
     if _use_reference(x.size // w.shape[0]):
-        return reference.linear_forward(x, w, b)
-    x2, w, bias, has_bias = _operands(x, w, b)  # x2: (N, C_in), w: copies the cache owns
+        return reference.linear_forward(x, w, b, keep=keep)
+    x2, w, bias, has_bias = _operands(x, w, b, keep=keep)  # x2: (N, C_in), w: the cache's
     out = np.empty((x2.shape[0], w.shape[1]), dtype=w.dtype)  # (N, C_out)
     with blas_on_calling_thread():
         _forward_kernel(x2, w, bias, has_bias, _chunks(x2.shape[0]), gemm_address(w.dtype),
                         out)
-    return (out.reshape(x.shape[:-1] + (w.shape[1],)),
-            LinearCache(x2.reshape(x.shape), w, has_bias))
+    out = out.reshape(x.shape[:-1] + (w.shape[1],))
+    return out, LinearCache(x2.reshape(x.shape), w, has_bias) if keep else None
 
 
 def linear_backward(dout: np.ndarray, cache: LinearCache):
@@ -283,7 +286,8 @@ def linear_backward(dout: np.ndarray, cache: LinearCache):
     return dx, dw, (db.astype(x.dtype) if has_bias else None)
 
 
-def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int):
+def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int, *,
+                         keep: bool = True):
     """Attention's projections by head; see ``functional.linear.linear_heads_forward``.
 
     Makes one product of x and the weights side by side, ``x [w_1 | .. | w_S]``, and writes
@@ -297,7 +301,7 @@ def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int)
     for i, w in enumerate(ws):
         _check_inputs(x, w, None if bs is None else bs[i])
     if _use_reference(x.size // x.shape[-1]):
-        return reference.linear_heads_forward(x, ws, bs, heads)
+        return reference.linear_heads_forward(x, ws, bs, heads, keep=keep)
     bsz, t, _ = x.shape
     w = np.concatenate(ws, axis=1)  # (C_in, S C), a new array the cache keeps
     b = None if bs is None else np.concatenate(bs)  # (S C,)
@@ -307,6 +311,8 @@ def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int)
     with blas_on_calling_thread():
         _forward_heads_kernel(x2, w, bias, has_bias, _chunks(x2.shape[0]),
                               numba.get_num_threads(), gemm_address(w.dtype), out)
+    if not keep:
+        return tuple(out), None
     # the cache: the weights side by side; inside one forward-and-backward call, the weights
     # themselves, which the backward puts side by side again (ownership.py)
     own_w = tuple(kept(wi, w.dtype) for wi in ws) if is_borrowing() else w

@@ -178,14 +178,14 @@ def _state(name: str, s: np.ndarray | None, shape: tuple[int, int], dtype) -> np
 
 
 def lstm_forward(x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
-                 w_ih: np.ndarray, w_hh: np.ndarray, b: np.ndarray):
+                 w_ih: np.ndarray, w_hh: np.ndarray, b: np.ndarray, *, keep: bool = True):
     """One LSTM layer over a batch of sequences; see ``functional.lstm.lstm_forward``.
 
     Non-contiguous arguments are copied to C order first; a bad one raises ``ValueError``
     naming it, before any compiled code runs. The cache owns its arrays, as the reference's:
     the kernel copies x while it reads it; the weights are kept as the C-contiguous
     transposes the backward multiplies with (made here instead of there), seen through ``.T``
-    with the reference's shapes; h0 and c0 are copies.
+    with the reference's shapes; h0 and c0 are copies. Without ``keep`` the cache is None.
     """
     bsz, t_len, c_in, hidden = check_lstm_inputs(x, h0, c0, w_ih, w_hh, b)
     _check_dtype(x)
@@ -203,8 +203,10 @@ def lstm_forward(x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
                         gemm_address(dtype), x_own.reshape(-1, c_in),
                         gates.reshape(-1, 4 * hidden), h.reshape(-1, hidden),
                         c.reshape(-1, hidden), tanh_c.reshape(-1, hidden))
-    w_ih_t, w_hh_t = (np.array(w.T, order="C") for w in (w_ih, w_hh))  # (4H, C), (4H, H)
     final = (h[:, -1].copy(), c[:, -1].copy())
+    if not keep:
+        return h, final, None
+    w_ih_t, w_hh_t = (np.array(w.T, order="C") for w in (w_ih, w_hh))  # (4H, C), (4H, H)
     return h, final, LSTMCache(x_own, h0, c0, w_ih_t.T, w_hh_t.T, gates, c, tanh_c, h)
 
 

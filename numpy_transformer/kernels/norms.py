@@ -146,7 +146,8 @@ def _layer_norm_backward_kernel(dout, x_hat, w, rstd, dx, dw_part, db_part, rows
                 dx_i[j] = r * (g_i[j] * w[j] - m1_t - xh_i[j] * m2_t)
 
 
-def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float = 1e-5):
+def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float = 1e-5, *,
+                       keep: bool = True):
     """LayerNorm over the last axis; see ``functional.norms.layer_norm_forward``.
 
     Parameters
@@ -154,11 +155,13 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
     x : ndarray of shape (..., C)
     w, b : ndarray of shape (C,)
     eps : float, default 1e-5
+    keep : bool, default True
+        Whether to return the cache; False (inference): None.
 
     Returns
     -------
     out : ndarray of shape (..., C)
-    cache : LayerNormCache
+    cache : LayerNormCache or None
         ``x_hat`` (..., C), ``w`` (C,) copied, ``rstd`` (..., 1), as the reference's.
     """
     _check_inputs(x, w, b, eps)
@@ -167,6 +170,8 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
     rstd = np.empty(x2.shape[0], dtype=x.dtype)  # (N,)
     _layer_norm_forward_kernel(x2, w.astype(x.dtype, copy=False), b.astype(x.dtype, copy=False),
                                float(eps), _ROWS, out, x_hat, rstd)
+    if not keep:
+        return out.reshape(x.shape), None
     return (out.reshape(x.shape),
             LayerNormCache(x_hat.reshape(x.shape), kept(w), rstd.reshape(x.shape[:-1] + (1,))))
 
@@ -232,10 +237,12 @@ def _rms_norm_backward_kernel(dout, x_hat, w, rrms, dx, dw_part, rows):
                 dx_i[j] = r * (g_i[j] * w[j] - xh_i[j] * m2_t)
 
 
-def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
+def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None, *,
+                     keep: bool = True):
     """RMSNorm over the last axis; see ``functional.norms.rms_norm_forward``.
 
-    ``eps=None`` means ``np.finfo(x.dtype).eps``, as in the reference.
+    ``eps=None`` means ``np.finfo(x.dtype).eps``, as in the reference; without ``keep`` the
+    cache is None.
     """
     _check_inputs(x, w, None, eps)
     eps = np.finfo(x.dtype).eps if eps is None else eps
@@ -244,6 +251,8 @@ def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None):
     rrms = np.empty(x2.shape[0], dtype=x.dtype)  # (N,)
     _rms_norm_forward_kernel(x2, w.astype(x.dtype, copy=False), float(eps), _ROWS, out, x_hat,
                              rrms)
+    if not keep:
+        return out.reshape(x.shape), None
     return (out.reshape(x.shape),
             RMSNormCache(x_hat.reshape(x.shape), kept(w), rrms.reshape(x.shape[:-1] + (1,))))
 

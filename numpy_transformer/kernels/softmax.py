@@ -76,10 +76,11 @@ def _cross_entropy_backward_kernel(probs, targets, scale, dlogits):  # pragma: n
 
 
 def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index: int = -100,
-                          mask: np.ndarray | None = None):
+                          mask: np.ndarray | None = None, *, keep: bool = True):
     """Mean negative log-likelihood; see ``functional.softmax.cross_entropy_forward``.
 
-    Same arguments, same ``ValueError`` cases, same returns ``(loss, CrossEntropyCache)``.
+    Same arguments, same ``ValueError`` cases, same returns ``(loss, CrossEntropyCache)``
+    (``(loss, None)`` without ``keep``).
     """
     flat_t, weight = counted_targets(logits, targets, ignore_index, mask)
     check_kernel_float("logits", logits)
@@ -89,7 +90,7 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
     row_loss = np.empty(x.shape[0])  # float64
     _cross_entropy_forward_kernel(x, flat_t, weight.astype(np.float64), probs, row_loss)
     loss = logits.dtype.type(row_loss.sum())  # rounded to the logits' dtype, as the reference
-    return float(loss), CrossEntropyCache(probs, flat_t, weight, logits.shape)
+    return float(loss), CrossEntropyCache(probs, flat_t, weight, logits.shape) if keep else None
 
 
 def cross_entropy_backward(dloss: float, cache: CrossEntropyCache) -> np.ndarray:

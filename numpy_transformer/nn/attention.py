@@ -190,54 +190,61 @@ class MultiHeadAttention(Module):
         if kv_cache is not None:
             self.cache = None  # decoding keeps nothing for a backward
             return self._forward_cached(x, context, mask, kv_cache)
+        keep = self.keeps_cache
         if context is None:
-            return self._forward_self(x, mask)
-        return self._forward_cross(x, context, mask)
+            return self._forward_self(x, mask, keep)
+        return self._forward_cross(x, context, mask, keep)
 
-    def _forward_self(self, x: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-        """Equations (1)-(6) with src = x, keeping the cache for :meth:`_backward_self`."""
+    def _forward_self(self, x: np.ndarray, mask: np.ndarray | None, keep: bool) -> np.ndarray:
+        """Equations (1)-(6) with src = x, keeping the cache for :meth:`_backward_self` (with
+        ``keep``)."""
         # (1), (2): q (B, H, T, D), k, v (B, H_kv, T, D) from the one source
-        (q, k, v), projection = self._project(x, "qkv")
+        (q, k, v), projection = self._project(x, "qkv", keep)
         if self.rope:  # (3) position p of q and of k is the same p
             cos, sin = self._rope_rows(0, q.shape[2])  # (T, D/2)
             q, k = rope_forward(q, cos, sin), rope_forward(k, cos, sin)
-        o, sdpa = self._attend(q, k, v, mask, x.dtype)  # (4) (B, H, T, D)
+        o, sdpa = self._attend(q, k, v, mask, x.dtype, keep)  # (4) (B, H, T, D)
         o = merge_heads(o)  # (5) (B, T, C)
-        out, out_cache = self.ops.linear_forward(o, self.params["wo"], self.params.get("bo"))  # (6)
-        self.cache = AttentionCache((projection,), sdpa, out_cache, False, q.shape[2])
+        out, out_cache = self.ops.linear_forward(o, self.params["wo"], self.params.get("bo"),
+                                                 keep=keep)  # (6)
+        self.cache = AttentionCache((projection,), sdpa, out_cache, False,
+                                    q.shape[2]) if keep else None
         return out
 
     def _forward_cross(self, x: np.ndarray, context: np.ndarray,
-                       mask: np.ndarray | None) -> np.ndarray:
+                       mask: np.ndarray | None, keep: bool) -> np.ndarray:
         """Equations (1), (2), (4)-(6) with src = context, for :meth:`_backward_cross`."""
         # (1), (2): q (B, H, T_q, D) from x; k, v (B, H_kv, T_k, D) from the context
-        (q,), q_cache = self._project(x, "q")
-        (k, v), context_cache = self._project(context, "kv")
-        o, sdpa = self._attend(q, k, v, mask, x.dtype)  # (4) (B, H, T_q, D)
+        (q,), q_cache = self._project(x, "q", keep)
+        (k, v), context_cache = self._project(context, "kv", keep)
+        o, sdpa = self._attend(q, k, v, mask, x.dtype, keep)  # (4) (B, H, T_q, D)
         o = merge_heads(o)  # (5) (B, T_q, C)
-        out, out_cache = self.ops.linear_forward(o, self.params["wo"], self.params.get("bo"))  # (6)
-        self.cache = AttentionCache((q_cache, context_cache), sdpa, out_cache, True, q.shape[2])
+        out, out_cache = self.ops.linear_forward(o, self.params["wo"], self.params.get("bo"),
+                                                 keep=keep)  # (6)
+        self.cache = AttentionCache((q_cache, context_cache), sdpa, out_cache, True,
+                                    q.shape[2]) if keep else None
         return out
 
     def _forward_cached(self, x: np.ndarray, context: np.ndarray | None,
                         mask: np.ndarray | None, kv_cache: KVCache) -> np.ndarray:
         """Equations (1)-(6) for decoding: k and v of every position so far, from the cache."""
         if context is None:  # self-attention: the new positions' k and v join the cache
-            (q, k, v), _ = self._project(x, "qkv")  # (1), (2)
+            (q, k, v), _ = self._project(x, "qkv", keep=False)  # (1), (2)
             if self.rope:  # (3) at the positions after the cached ones
                 cos, sin = self._rope_rows(kv_cache.length, q.shape[2])
                 q, k = rope_forward(q, cos, sin), rope_forward(k, cos, sin)
             k, v = kv_cache.append(k, v)  # (B, H_kv, T_k, D), T_k = every position so far
         else:  # cross-attention: the context's k and v, computed on the first call only
-            (q,), _ = self._project(x, "q")  # (1), (2)
+            (q,), _ = self._project(x, "q", keep=False)  # (1), (2)
             if kv_cache.length > 0:
                 k, v = kv_cache.kept()
             else:
-                (k, v), _ = self._project(context, "kv")  # (1), (2)
+                (k, v), _ = self._project(context, "kv", keep=False)  # (1), (2)
                 k, v = kv_cache.append(k, v)
-        o, _ = self._attend(q, k, v, mask, x.dtype, decoding=True)  # (4) (B, H, T_q, D)
+        o, _ = self._attend(q, k, v, mask, x.dtype, keep=False, decoding=True)  # (4)
         o = merge_heads(o)  # (5) (B, T_q, C)
-        return self.ops.linear_forward(o, self.params["wo"], self.params.get("bo"))[0]  # (6)
+        return self.ops.linear_forward(o, self.params["wo"], self.params.get("bo"),
+                                       keep=False)[0]  # (6)
 
     def _head_groups(self, names: str) -> list[tuple[str, int]]:
         """The projections ``names`` (e.g. "qkv") in runs of one head count, with the count.
@@ -248,15 +255,15 @@ class MultiHeadAttention(Module):
         count = {"q": self.heads, "k": self.kv_heads, "v": self.kv_heads}
         return [("".join(run), h) for h, run in groupby(names, key=count.__getitem__)]
 
-    def _project(self, src: np.ndarray, names: str) -> tuple[tuple, tuple]:
+    def _project(self, src: np.ndarray, names: str, keep: bool) -> tuple[tuple, tuple]:
         """(1), (2) for the projections ``names`` of one source: one backend operation per
         run of :meth:`_head_groups`. Returns the heads, one (B, H or H_kv, T, D) array per
-        name, and the operations' caches."""
+        name, and the operations' caches (None each without ``keep``)."""
         ys, caches = (), ()
         for run, heads in self._head_groups(names):
             ws = tuple(self.params["w" + n] for n in run)  # (C, H D) or (C, H_kv D) each
             bs = tuple(self.params["b" + n] for n in run) if self.bias else None
-            y, cache = self.ops.linear_heads_forward(src, ws, bs, heads)
+            y, cache = self.ops.linear_heads_forward(src, ws, bs, heads, keep=keep)
             ys, caches = ys + y, caches + (cache,)
         return ys, caches
 
@@ -275,14 +282,15 @@ class MultiHeadAttention(Module):
         return dsrc
 
     def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
-                dtype, decoding: bool = False) -> tuple[np.ndarray, object]:
+                dtype, keep: bool, decoding: bool = False) -> tuple[np.ndarray, object]:
         """(4) the attention core with the ALiBi bias and the dropout if asked; keeps the
         weights if asked."""
         bias = alibi_bias(self.heads, q.shape[2], k.shape[2], dtype=dtype) if self.alibi else None
         drop = None  # m of (4): (B, H, T_q, T_k), in training only
         if self.drop is not None and self.training and not decoding:
             drop = dropout_mask(q.shape[:3] + k.shape[2:3], self.drop.p, self.drop.rng, dtype)
-        o, cache = self.ops.sdpa_forward(q, k, v, mask=mask, bias=bias, dropout=drop)  # (4)
+        o, cache = self.ops.sdpa_forward(q, k, v, mask=mask, bias=bias, dropout=drop,
+                                         keep=keep)  # (4)
         if self.keep_weights:
             self.weights = self.ops.attention_weights(q, k, mask=mask, bias=bias)
         return o, cache
@@ -304,7 +312,8 @@ class MultiHeadAttention(Module):
         """
         if self.cache is None:
             raise ValueError("MultiHeadAttention.backward needs a forward first (a forward "
-                             "with a kv_cache keeps nothing for a backward)")
+                             "with a kv_cache, in evaluation mode or inside no_grad() keeps "
+                             "nothing for a backward)")
         return self._backward_cross(dout) if self.cache.cross else self._backward_self(dout)
 
     def _backward_self(self, dout: np.ndarray) -> np.ndarray:

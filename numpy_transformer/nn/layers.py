@@ -32,7 +32,8 @@ def _loss_gradients(head: Module, dloss: float) -> tuple:
     """``(dx, dw, db)`` of the loss of ``head.loss_forward`` (a Linear's or a TiedOutput's),
     whose cache is let go: one backward per loss forward."""
     if head.loss_cache is None:
-        raise ValueError(f"{type(head).__name__}.loss_backward needs a loss_forward first")
+        raise ValueError(f"{type(head).__name__}.loss_backward needs a loss_forward first, in "
+                         f"training mode outside no_grad()")
     cache, head.loss_cache = head.loss_cache, None
     return head.ops.linear_cross_entropy_backward(dloss, cache)
 
@@ -75,7 +76,8 @@ class Linear(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (..., C_in) -> out : (..., C_out)."""
-        out, self.cache = self.ops.linear_forward(x, self.params["w"], self.params.get("b"))
+        out, self.cache = self.ops.linear_forward(x, self.params["w"], self.params.get("b"),
+                                                  keep=self.keeps_cache)
         return out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
@@ -91,7 +93,7 @@ class Linear(Module):
         """x : (..., C_in), targets : int (...) -> the mean cross-entropy of the outputs as
         logits (``linear_cross_entropy_forward``, the outputs never returned)."""
         loss, self.loss_cache = self.ops.linear_cross_entropy_forward(
-            x, self.params["w"], self.params.get("b"), targets, mask=mask)
+            x, self.params["w"], self.params.get("b"), targets, mask=mask, keep=self.keeps_cache)
         return loss
 
     def loss_backward(self, dloss: float = 1.0) -> np.ndarray:
@@ -132,7 +134,8 @@ class Embedding(Module):
 
     def forward(self, ids: np.ndarray) -> np.ndarray:
         """ids : int (B, T) -> out : (B, T, C). ValueError for non-integer or out-of-range ids."""
-        out, self.cache = self.ops.embedding_forward(ids, self.params["table"])
+        out, self.cache = self.ops.embedding_forward(ids, self.params["table"],
+                                                     keep=self.keeps_cache)
         return out
 
     def backward(self, dout: np.ndarray) -> None:
@@ -168,7 +171,8 @@ class TiedOutput(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (B, T, C) -> logits : (B, T, V)."""
-        out, self.cache = self.ops.linear_forward(x, self.embedding.params["table"].T)
+        out, self.cache = self.ops.linear_forward(x, self.embedding.params["table"].T,
+                                                  keep=self.keeps_cache)
         return out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
@@ -182,7 +186,8 @@ class TiedOutput(Module):
         """x : (B, T, C), targets : int (B, T) -> the mean cross-entropy of the logits
         (``linear_cross_entropy_forward``, the logits never returned)."""
         loss, self.loss_cache = self.ops.linear_cross_entropy_forward(
-            x, self.embedding.params["table"].T, None, targets, mask=mask)
+            x, self.embedding.params["table"].T, None, targets, mask=mask,
+            keep=self.keeps_cache)
         return loss
 
     def loss_backward(self, dloss: float = 1.0) -> np.ndarray:
@@ -221,7 +226,7 @@ class LayerNorm(Module):
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (..., C) -> out : (..., C)."""
         out, self.cache = self.ops.layer_norm_forward(x, self.params["w"], self.params["b"],
-                                                      self.eps)
+                                                      self.eps, keep=self.keeps_cache)
         return out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
@@ -259,7 +264,8 @@ class RMSNorm(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (..., C) -> out : (..., C)."""
-        out, self.cache = self.ops.rms_norm_forward(x, self.params["w"], self.eps)
+        out, self.cache = self.ops.rms_norm_forward(x, self.params["w"], self.eps,
+                                                    keep=self.keeps_cache)
         return out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
@@ -303,7 +309,8 @@ class Dropout(Module):
         self.cache = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        out, self.cache = dropout_forward(x, self.p, self.rng, self.training)
+        out, self.cache = dropout_forward(x, self.p, self.rng, self.training,
+                                          keep=self.keeps_cache)
         return out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
@@ -367,7 +374,8 @@ class FeedForward(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x : (B, T, C) -> out : (B, T, C)."""
-        out, self.cache = self.ops.feed_forward_forward(x, self.weights(), self.activation)
+        out, self.cache = self.ops.feed_forward_forward(x, self.weights(), self.activation,
+                                                        keep=self.keeps_cache)
         return out  # (1)-(3)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:

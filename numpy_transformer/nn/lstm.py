@@ -114,11 +114,12 @@ class LSTM(Module):
             h0, c0 = (None, None) if state is None else (state.h[k], state.c[k])
             x, (h_t, c_t), cache = self.ops.lstm_forward(x, h0, c0, p[f"w_ih_l{k}"],
                                                          p[f"w_hh_l{k}"],
-                                                         p[f"b_ih_l{k}"] + p[f"b_hh_l{k}"])
+                                                         p[f"b_ih_l{k}"] + p[f"b_hh_l{k}"],
+                                                         keep=self.keeps_cache)
             caches.append(cache)
             if state is not None:
                 state.h[k], state.c[k] = h_t, c_t
-        self.cache = caches
+        self.cache = caches if self.keeps_cache else None
         return x
 
     def _check_state(self, state: LSTMState, batch: int) -> None:

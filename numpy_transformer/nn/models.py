@@ -79,7 +79,8 @@ class Embeddings(Module):
             raise ValueError(f"tokens must have shape (B, T) with B, T >= 1, got {tokens.shape}")
         rows = None if self.positions is None else self.positions.addend(tokens.shape[1], start)
         x, self.cache = self.ops.embeddings_forward(tokens, self.tokens.params["table"],
-                                                    self.scale, rows)  # (1)-(3)
+                                                    self.scale, rows,
+                                                    keep=self.keeps_cache)  # (1)-(3)
         return self.drop(x)  # (4)
 
     def backward(self, dx: np.ndarray) -> None:

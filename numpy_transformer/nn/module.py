@@ -16,6 +16,11 @@ The contract every module in ``numpy_transformer.nn`` follows:
   its caches keep the weights uncopied, and let go of the parameters when it returns
   (a backward of that forward afterwards raises ``ValueError``;
   ``numpy_transformer/ownership.py``).
+* A forward keeps its cache only in training mode and outside :meth:`Module.no_grad`
+  (:attr:`Module.keeps_cache`). In evaluation mode, or inside ``with model.no_grad():``, it
+  keeps nothing and copies no weight (inference: generation, a held-out loss), and a backward
+  after it raises ``ValueError``. The gradient of a model without dropout is taken in
+  training mode, with its dropout probabilities 0.
 * ``backward`` before any ``forward``, or with a gradient not shaped like the last forward's
   output (or not of its dtype), raises ``ValueError``. :class:`Module` checks this for every
   subclass: each subclass's ``forward`` records its output's shape and dtype in
@@ -31,6 +36,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -38,6 +44,8 @@ from ..ownership import borrowing, let_go, to_let_go
 
 # grad_like of a module whose last forward's backward already ran inside loss_and_backward
 _SPENT = "spent"
+# grad_like of a module whose last forward kept nothing (eval mode, or inside no_grad())
+_INFERENCE = "inference"
 
 
 def _recording(forward: Callable) -> Callable:
@@ -45,7 +53,10 @@ def _recording(forward: Callable) -> Callable:
     @functools.wraps(forward)
     def recorded(self, *args, **kwargs):
         out = forward(self, *args, **kwargs)
-        self.grad_like = (out.shape, out.dtype) if isinstance(out, np.ndarray) else ...
+        if not self.keeps_cache:
+            self.grad_like = _INFERENCE
+        else:
+            self.grad_like = (out.shape, out.dtype) if isinstance(out, np.ndarray) else ...
         return out
     return recorded
 
@@ -101,6 +112,7 @@ class Module:
         self.buffers: dict[str, np.ndarray] = {}
         self.children: dict[str, Module] = {}
         self.training = True
+        self.grad_enabled = True  # False inside no_grad()
         # (shape, dtype) of the last forward's output: what backward's gradient must be.
         # None before any forward; ... for an output that is not an array; a shape entry "B"
         # matches any length (a module whose rows another module adds, positions.addend)
@@ -141,6 +153,10 @@ class Module:
         if self.grad_like is _SPENT:
             raise ValueError(f"{what}.backward: the backward of its last forward already ran "
                              "in loss_and_backward; run a forward first")
+        if self.grad_like is _INFERENCE:
+            raise ValueError(f"{what}.backward: its last forward ran in evaluation mode or "
+                             f"inside no_grad() and kept nothing for a backward; run it in "
+                             f"training mode (model.train()) outside no_grad()")
         if self.grad_like is ...:
             return
         shape, dtype = self.grad_like
@@ -247,6 +263,33 @@ class Module:
                 param[...] = state[name]
 
     # ------------------------------------------------------------------ modes and dtype
+    @property
+    def keeps_cache(self) -> bool:
+        """Whether a forward now keeps what its backward needs: in training mode and outside
+        :meth:`no_grad`. Every module's forward passes it on as its operations' ``keep``."""
+        return self.training and self.grad_enabled
+
+    @contextmanager
+    def no_grad(self) -> Iterator[Module]:
+        """Within the block, no forward of this module or its children keeps a cache or
+        copies a weight (as ``torch.no_grad()``, but for this model only, and visible in the
+        code that uses it); dropout still follows the training mode.
+
+        Examples
+        --------
+        >>> with model.no_grad():  # doctest: +SKIP
+        ...     logits = model(tokens)
+        """
+        modules = [module for _, module in self.named_modules()]
+        before = [module.grad_enabled for module in modules]
+        for module in modules:
+            module.grad_enabled = False
+        try:
+            yield self
+        finally:
+            for module, enabled in zip(modules, before, strict=True):
+                module.grad_enabled = enabled
+
     def train(self, mode: bool = True) -> Module:
         """Set training mode here and in every child (dropout is active only in training)."""
         self.training = mode

@@ -17,10 +17,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..data import fixed_window_loss, fixed_window_windows, load_text, train_val_split
+from ..data import (
+    CharTokenizer,
+    fixed_window_loss,
+    fixed_window_windows,
+    load_text,
+    train_val_split,
+)
+from ..memory import check_inference_fits, eval_batch
 from .outputs import UsageError
-from .state import LM_EVAL_BATCH, training_text
-from .stored import load_run
+from .sources import read_source
+from .state import training_text
 
 
 class Evaluation(NamedTuple):
@@ -59,37 +66,53 @@ class Evaluation(NamedTuple):
 
 
 def evaluate_run(target: str | Path, text_file: str | Path | None = None) -> Evaluation:
-    """The loss of the language model in a run folder (or checkpoint) on ``text_file``, or,
-    without one, on the run's own held-out part (the held-out loss its report gives).
+    """The loss of the language model of ``target`` (a run folder or checkpoint, a
+    transformers folder or an export's: :func:`~.sources.read_source`) on ``text_file``,
+    tokenized by the model's own tokenizer; without one, on a run's own held-out part (the
+    held-out loss its report gives). The model runs in evaluation mode: it keeps nothing.
 
     Raises
     ------
     UsageError
-        If the run is not a language model's, the text is shorter than two characters or
-        holds characters outside the model's vocabulary (the first one is named).
+        If the source holds no language model, a folder from elsewhere comes without
+        ``text_file``, the text is missing, unreadable as UTF-8, shorter than two tokens or
+        holds characters outside the model's vocabulary (the first one is named; a run's own
+        text: ``--text`` is the way out), or the model does not fit in memory.
     CheckpointError
         If the run cannot be read.
     """
-    run = load_run(target)
-    if run.tokenizer is None:
-        raise UsageError(f"{target}: a {run.options['task']} run; eval measures a language "
-                         f"model (--task lm)")
+    source = read_source(target, f"eval {target}")
+    model, tokenizer = source.model.eval(), source.tokenizer
     if text_file is None:
-        source = f"the held-out 10% of {run.options['text'] or 'the embedded corpus'}"
-        ids = train_val_split(run.tokenizer.encode(training_text(run.options)), 0.9)[1]
-        text = run.tokenizer.decode(ids)
+        if not source.is_run:
+            raise UsageError(f"eval {target}: a model from elsewhere has no held-out text of "
+                             f"its own; give one with --text FILE")
+        what = source.options["text"] or "the embedded corpus"
+        described = f"the held-out 10% of {what}"
+        try:
+            ids = train_val_split(tokenizer.encode(training_text(source.options)), 0.9)[1]
+        except ValueError as e:  # the run's text is gone, or holds new characters
+            reason = str(e) if what in str(e) else f"{what}: {e}"
+            raise UsageError(f"eval {target}: its training text cannot be read back "
+                             f"({reason}); give the text to measure with --text FILE") from None
+        text = tokenizer.decode(ids)
     else:
-        source = str(text_file)
+        described = str(text_file)
         try:
             text = load_text(text_file)
-            ids = run.tokenizer.encode(text)
+            ids = tokenizer.encode(text)
         except ValueError as e:  # load_text's name the file already
-            raise UsageError(str(e) if source in str(e) else f"{source}: {e}") from None
+            raise UsageError(str(e) if described in str(e) else f"{described}: {e}") from None
     if len(ids) < 2:
-        raise UsageError(f"{source}: {len(ids)} token(s); the loss needs at least 2")
-    context = run.config.max_len
+        raise UsageError(f"{described}: {len(ids)} token(s); the loss needs at least 2")
+    config = model.config
+    batch = eval_batch(config)
+    try:
+        check_inference_fits(config, type(model).__name__, batch, adjustable=())
+    except ValueError as e:
+        raise UsageError(f"eval {target}: {e}") from None
     with np.errstate(over="ignore"):
-        loss = fixed_window_loss(run.model.forward, ids, context, batch=LM_EVAL_BATCH)
-    characters = None if run.options["tokenizer"] == "char" else len(text)
-    return Evaluation(source, len(ids), len(fixed_window_windows(ids, context)), context,
-                      float(loss), characters)
+        loss = fixed_window_loss(model.forward, ids, config.max_len, batch=batch)
+    characters = None if isinstance(tokenizer, CharTokenizer) else len(text)
+    return Evaluation(described, len(ids), len(fixed_window_windows(ids, config.max_len)),
+                      config.max_len, float(loss), characters)

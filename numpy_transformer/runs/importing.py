@@ -1,42 +1,38 @@
 """A model from elsewhere as a run folder: what ``numpy-transformer import`` writes.
 
 The source is a Hugging Face ``transformers`` folder of GPT-2's or LLaMA's shape (read by
-:func:`~numpy_transformer.export.load_hf`), or what ``export`` wrote: a ``model.safetensors``,
-the file or its folder (:func:`~numpy_transformer.export.load_safetensors`). The run folder it
-makes is the run that starts from those weights: the default options with the model's shape,
-the text ``--text`` (default: the embedded corpus), step 0 and fresh Adam moments. So
-``sample``, ``eval`` and ``export`` read it as any run, and ``train --resume RUN`` trains it
-further on that text (``--steps N`` for how long), bit for bit as a run started from these
-weights would.
+:func:`~numpy_transformer.export.load_hf`: stock configs included, their dropouts, norm
+epsilons, grouped-query attention and tied or untied heads), or what ``export`` wrote: a
+``model.safetensors``, the file or its folder (:func:`~numpy_transformer.export.load_safetensors`).
+It comes with its own tokenizer, characters or byte-level BPE, kept as it is: ids unchanged,
+nothing trained again.
 
-A run's tokenizer is its text's characters, so the source's tokenizer must be exactly that:
-the characters of the text the model was trained on. Otherwise the import is refused, naming
-the characters that differ.
+The run folder it makes is the run that starts from those weights, as ``train --init-from
+SOURCE`` would start it (:mod:`.init_from`): the default options with the model's shape, the
+text ``--text`` (default: the embedded corpus) tokenized by the model's tokenizer, step 0 and
+fresh Adam moments, and ``config.json`` says where it started. So ``sample``, ``eval`` and
+``export`` read it as any run, and ``train --resume RUN`` trains it further on that text
+(``--steps N`` for how long), bit for bit as ``train --init-from SOURCE`` would have.
+``--context T`` takes a shorter window than the source's (learned positions keep their first T
+rows), for a run that fits.
+
+Importing trains nothing: its memory check sizes the weights, twice while they are copied into
+the run's model, not a training step. The run's own check comes when it trains.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
-from ..export import load_model
-from ..nn import LSTMLM, DecoderLM
 from .folder import checkpoint_path, new_run_folder
-from .options import MODEL_KEYS, OPTIONS, resolve_options
+from .init_from import new_run, source_options
+from .options import OPTIONS
 from .outputs import UsageError
-from .state import Run
-
-
-def _differ(theirs: str, ours: str) -> str:
-    """The characters in one vocabulary and not the other, said in one line."""
-    parts = [f"{what} {''.join(sorted(chars))!r}" for what, chars in (
-        ("only the model's:", set(theirs) - set(ours)),
-        ("only the text's:", set(ours) - set(theirs))) if chars]
-    return "; ".join(parts)
+from .sources import read_source
 
 
 def import_model(source: str | Path, out: str | Path, text: str | None = None,
-                 force: bool = False) -> Path:
+                 force: bool = False, context: int | None = None) -> Path:
     """Write the run folder ``out`` that starts from the model of ``source``; returns it.
 
     Parameters
@@ -47,45 +43,34 @@ def import_model(source: str | Path, out: str | Path, text: str | None = None,
     out : path
         The new run folder (refused if it holds files, unless ``force``).
     text : path, optional
-        The UTF-8 text a ``train --resume`` trains on; default the embedded corpus. Its
-        characters must be the model's vocabulary.
+        The UTF-8 text a ``train --resume`` trains on; default the embedded corpus. The
+        model's tokenizer must encode it (a BPE encodes any text).
     force : bool
         Replace the run files of a non-empty ``out``.
+    context : int, optional
+        The run's window T; default the source's ``max_len``. At most the rows of a learned
+        position table.
 
     Raises
     ------
     UsageError
         One line: a source that is neither kind, foreign or broken, a model that is not a
-        language model, no tokenizer, a tokenizer that is not the text's, an ``out`` in use.
+        language model, no tokenizer, a tokenizer with more ids than the model's embedding
+        rows, a text it cannot encode, a context too long, an ``out`` in use.
     OSError
         If the folder cannot be written.
     """
-    source = Path(source)
-    try:
-        exported = load_model(source)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    model, tokenizer = exported.model, exported.tokenizer
-    if not isinstance(model, (DecoderLM, LSTMLM)):
-        raise UsageError(f"{source}: a {type(model).__name__}; import takes a language model "
-                         f"(DecoderLM or LSTMLM)")
-    if tokenizer is None:
-        raise UsageError(f"{source}: no tokenizer (tokenizer.json, or the export's metadata); "
-                         f"import the folder export wrote, which has it")
-    kind = "lstm" if isinstance(model, LSTMLM) else "transformer"
-    config = dataclasses.asdict(model.config)
+    read = read_source(source, f"import {source}")
+    if read.is_run:
+        raise UsageError(f"import {source}: a run folder of this library already; sample, eval "
+                         f"and train --resume take it as it is")
     given = {o.key: None for o in OPTIONS if o.store and o.key != "task"}
-    given.update({key: config[key] for key in MODEL_KEYS[kind]}, model=kind, text=text)
+    given.update(text=text, max_len=context, init_from=str(source))
+    config_fields, options = source_options(read, given, "import")
     try:
-        run = Run(*resolve_options("lm", given))
+        run = new_run(read, config_fields, options, training=False)
     except ValueError as e:  # load_text and friends name the problem
         raise UsageError(str(e)) from None
-    if run.tokenizer.to_dict() != tokenizer.to_dict():
-        differ = _differ("".join(tokenizer.chars), "".join(run.tokenizer.chars))
-        raise UsageError(f"{source}: its vocabulary is not the characters of "
-                         f"{text or 'the embedded corpus'} ({differ}); import with --text the "
-                         f"text it was trained on")
-    run.model.load_state_dict(model.state_dict())
     with new_run_folder(str(out), run.description(), force) as held:
         run.save(checkpoint_path(held.folder))
         return held.folder

@@ -19,70 +19,30 @@ started: ``"started_from": {"path", "weights_sha256", "step"}``, the SHA-256 of 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
-from typing import NamedTuple
 
 from ..bpe import BPETokenizer
-from ..data import CharTokenizer, fingerprint
-from ..nn import LSTMLM, DecoderLM, Module
+from ..nn import LSTMLM
 from .options import BY_KEY, MODEL_KEYS, flag, resolve_options, shown
 from .outputs import UsageError
+from .sources import Source, read_source
 from .state import Run
-from .stored import model_from_checkpoint
 
 # config fields the weights do not fix
 FREE_FIELDS = ("dtype", "backend", "dropout", "attn_dropout")
-WEIGHTS = "model.safetensors"  # what an exported folder holds (export.WEIGHTS_FILE)
 
 
-class Source(NamedTuple):
-    """The model a run starts from (:func:`read_source`)."""
-
-    path: Path  # what --init-from named, absolute
-    model: Module  # DecoderLM or LSTMLM
-    tokenizer: CharTokenizer | BPETokenizer
-    step: int | None  # the updates a checkpoint had made; None for an exported folder
-
-    def record(self) -> dict:
-        """What the new run's ``config.json`` says of it."""
-        return {"path": str(self.path), "weights_sha256": fingerprint(self.model.state_dict()),
-                "step": self.step}
-
-    def new_run(self, config_fields: dict, options: dict) -> Run:
-        """The run of ``options`` with the source's tokenizer and, at step 0, its weights."""
-        run = Run(config_fields, options, tokenizer=self.tokenizer, started_from=self.record())
-        run.model.load_state_dict(self.model.state_dict())  # cast to the run's dtype
-        return run
-
-
-def read_source(target: str | Path) -> Source:
-    """The language model and tokenizer of ``target`` (see the module docstring).
-
-    Raises
-    ------
-    UsageError
-        One line: no such file or folder, nothing this library reads, a package to install,
-        or a model that is not a language model with a tokenizer.
-    """
-    path = Path(target).absolute()
-    if not path.exists():
-        raise UsageError(f"--init-from {target}: no such file or folder")
-    try:
-        if path.is_dir() and (path / WEIGHTS).is_file() or path.suffix == ".safetensors":
-            from ..export import load_model
-
-            exported = load_model(path)
-            model, tokenizer, step = exported.model, exported.tokenizer, exported.info.get("step")
-        else:
-            model, tokenizer, ckpt = model_from_checkpoint(path)
-            step = ckpt.step
-    except (ImportError, ValueError) as e:  # CheckpointError is a ValueError
-        raise UsageError(f"--init-from {target}: {e}") from None
-    if tokenizer is None or not isinstance(model, (DecoderLM, LSTMLM)):
-        raise UsageError(f"--init-from {target}: holds a {type(model).__name__}"
-                         f"{'' if tokenizer else ' without a tokenizer'}; a run starts from a "
-                         f"language model and its tokenizer")
-    return Source(path, model, tokenizer, step if isinstance(step, int) else None)
+def new_run(source: Source, config_fields: dict, options: dict, training: bool = True) -> Run:
+    """The run of ``options`` with the source's tokenizer and, at step 0, its weights (the
+    first ``max_len`` rows of a learned position table, for a shorter context); not
+    ``training``: sized as ``import`` needs it (:class:`~.state.Run`)."""
+    run = Run(config_fields, options, tokenizer=source.tokenizer, started_from=source.record(),
+              vocab=source.model.config.vocab, training=training)
+    state = source.model.state_dict()
+    positions = "decoder.embed.positions.table"
+    if positions in state and run.config.max_len < len(state[positions]):
+        state[positions] = state[positions][:run.config.max_len]  # positions 0 .. T - 1
+    run.model.load_state_dict(state)  # cast to the run's dtype
+    return run
 
 
 def resolve_init_from(given: dict) -> tuple[dict, dict, Source]:
@@ -101,19 +61,39 @@ def resolve_init_from(given: dict) -> tuple[dict, dict, Source]:
     task = given.pop("task", None)
     if task not in (None, "lm"):
         raise UsageError(f"--init-from starts a language model, not --task {task}")
-    source = read_source(given["init_from"])
+    source = read_source(given["init_from"], f"--init-from {given['init_from']}")
+    return (*source_options(source, given, "--init-from"), source)
+
+
+def source_options(source: Source, given: dict, what: str) -> tuple[dict, dict]:
+    """``(config_fields, train_options)`` of a run that starts from ``source``: ``given``
+    (``None`` = not given) with the model's options taken from it; a ``--context`` of its
+    own where the positions allow one (learned positions: at most the source's rows).
+
+    Raises
+    ------
+    UsageError
+        If model options were given that differ from the source's (all of them named), or a
+        context longer than a learned position table.
+    """
     kind = "lstm" if isinstance(source.model, LSTMLM) else "transformer"
     config = dataclasses.asdict(source.model.config)
     bpe = isinstance(source.tokenizer, BPETokenizer)
-    fixed = {"model": kind, **{k: config[k] for k in MODEL_KEYS[kind] if k not in FREE_FIELDS},
+    free = FREE_FIELDS + ("max_len",)
+    fixed = {"model": kind, **{k: config[k] for k in MODEL_KEYS[kind] if k not in free},
              "tokenizer": "bpe" if bpe else "char",
              "vocab_size": source.tokenizer.vocab_size if bpe else None}
+    context = given.get("max_len")
+    if context is not None and config.get("positions") == "learned" \
+            and context > config["max_len"]:
+        raise UsageError(f"{what} {source.path}: --context {context} is longer than its "
+                         f"learned position table of {config['max_len']} rows; give at most "
+                         f"{config['max_len']}")
     conflicts = [f"{flag(k)} {shown(BY_KEY[k], given[k])} (the source's: "
                  f"{shown(BY_KEY[k], value)})" for k, value in fixed.items()
                  if given.get(k) is not None and given[k] != value]
     if conflicts:
-        raise UsageError(f"--init-from {given['init_from']} takes the model's options from it: "
-                         f"drop {', '.join(conflicts)}")
-    free = {k: config[k] for k in FREE_FIELDS if k in config and given.get(k) is None}
-    config_fields, options = resolve_options("lm", {**given, **fixed, **free})
-    return config_fields, options, source
+        raise UsageError(f"{what} {source.path} takes the model's options from it: drop "
+                         f"{', '.join(conflicts)}")
+    kept = {k: config[k] for k in free if k in config and given.get(k) is None}
+    return resolve_options("lm", {**given, **fixed, **kept})

@@ -32,7 +32,7 @@ from .folder import (
     new_run_folder,
     write_description,
 )
-from .init_from import Source
+from .init_from import new_run
 from .outputs import (
     EXIT_DIVERGED,
     EXIT_IO,
@@ -45,6 +45,7 @@ from .outputs import (
 )
 from .precompile import precompile
 from .report import BestCheckpoint, has_report, write_report
+from .sources import Source
 from .state import Run
 from .stored import read_run, rebuild_run
 from .tensorboard import EventLog, check_available, event_log, remove_events
@@ -55,8 +56,8 @@ def start_run(config_fields: dict, options: dict, out: str | None, force: bool,
     """Build a new run (from ``source``'s weights and tokenizer, for ``--init-from``),
     prepare its folder and train it; returns the exit code."""
     try:
-        run = Run(config_fields, options) if source is None else source.new_run(config_fields,
-                                                                                 options)
+        run = Run(config_fields, options) if source is None else new_run(source, config_fields,
+                                                                          options)
     except ValueError as e:  # load_text and friends name the problem
         raise UsageError(str(e)) from None
     if options["tensorboard"]:
@@ -72,11 +73,7 @@ def start_run(config_fields: dict, options: dict, out: str | None, force: bool,
             say(f"starting from {start['path']}" + ("" if start["step"] is None else
                 f" (step {start['step']})") + f", weights sha256 {start['weights_sha256'][:16]}")
         if run.tokenizer is not None:
-            source = options["text"] or "the embedded corpus"
-            unit = "characters" if options["tokenizer"] == "char" else "BPE tokens"
-            say(f"data: {source}, {len(run.train_ids) + len(run.val_ids):,} {unit}, "
-                f"vocabulary {run.tokenizer.vocab_size}; {options['steps']} steps of "
-                f"{options['batch']} windows")
+            say(run.data_line())
         if options["tokenizer"] == "bpe":
             atomic_write_text(run_dir / TOKENIZER, run.tokenizer.to_dict()["bpe"])
         run.save(checkpoint_path(run_dir))  # step 0: a run folder always holds a checkpoint
@@ -130,6 +127,8 @@ def resume_run(run_dir: str | Path, progress: bool = True, steps: int | None = N
             return write_report(run, run_dir)
         if ckpt is not None:
             say(f"resuming {run_dir} at step {ckpt.step} of {steps}")
+        if run.tokenizer is not None:
+            say(run.data_line())
         return train(run, run_dir, progress)
 
 

@@ -113,7 +113,7 @@ def _report(run: Run, run_dir: Path) -> int:
     if SAMPLE in files:
         prompt = default_prompt(run.tokenizer)
         ids = generate(run.model, run.tokenizer.encode(prompt), SAMPLE_LENGTH, run.sample_rng,
-                       temperature=SAMPLE_TEMPERATURE)
+                       temperature=SAMPLE_TEMPERATURE, vocab=run.tokenizer.vocab_size)
         text = run.tokenizer.decode(ids)
         atomic_write_text(run_dir / SAMPLE, text + "\n")
         say(f"sample (temperature {SAMPLE_TEMPERATURE}):\n{text}")

@@ -11,11 +11,10 @@ import numpy as np
 from ..bpe import BPETokenizer
 from ..data import CharTokenizer
 from ..generate import generate
-from ..nn import LSTMLM, DecoderLM
-from .folder import checkpoint_path
+from ..memory import check_inference_fits
 from .options import LENGTH
 from .outputs import SAMPLE_PROMPT, UsageError
-from .stored import model_from_checkpoint
+from .sources import read_source
 
 
 def default_prompt(tokenizer: CharTokenizer | BPETokenizer) -> str:
@@ -26,26 +25,27 @@ def default_prompt(tokenizer: CharTokenizer | BPETokenizer) -> str:
 def sample_checkpoint(target: str | Path, prompt: str | None, length: int, seed: int,
                       **sampling) -> str:
     """Continue ``prompt`` (default: :func:`default_prompt`) with the language model of a run
-    folder or checkpoint file ``target``; ``sampling``: the keywords of
+    folder, a checkpoint file, a transformers folder or an export's (``target``, read by
+    :func:`~.sources.read_source`); ``sampling``: the keywords of
     :func:`~numpy_transformer.generate.generate`. Returns the prompt and what followed it;
     what reading a run of an older format filled in is said on stderr.
+
+    Only the tokenizer's ids are drawn, where the model has more embedding rows than that.
 
     Raises
     ------
     UsageError
-        If ``length`` is out of its range, the checkpoint holds no character language model,
-        the prompt is empty, is not text (a byte that is not UTF-8) or has a character outside
-        the vocabulary, or the model's logits are not finite.
+        If ``length`` is out of its range, the source holds no language model, the prompt is
+        empty, is not text (a byte that is not UTF-8) or has a character outside the
+        vocabulary, the model does not fit in memory, or its logits are not finite.
     CheckpointError
         If the checkpoint cannot be read.
     """
     if not LENGTH.ok(length):
         raise UsageError(f"--length {length}: expected {LENGTH.expected}")
-    path = checkpoint_path(target)
     notes: list[str] = []  # what reading a run of an older format filled in (said below)
-    model, tokenizer, _ = model_from_checkpoint(target, note=notes.append)
-    if tokenizer is None or not isinstance(model, (DecoderLM, LSTMLM)):
-        raise UsageError(f"{path}: sample needs a language model (a --task lm run)")
+    source = read_source(target, f"sample {target}", note=notes.append)
+    model, tokenizer = source.model, source.tokenizer
     prompt = default_prompt(tokenizer) if prompt is None else prompt
     if not prompt:
         raise UsageError("--prompt is empty; give at least one character")
@@ -54,12 +54,17 @@ def sample_checkpoint(target: str | Path, prompt: str | None, length: int, seed:
         ids = tokenizer.encode(prompt)
     except ValueError as e:
         raise UsageError(f"--prompt: {e.args[0].split('; pass')[0]}") from None
+    try:  # the weights and one forward of the window: no cache, no gradient
+        check_inference_fits(model.config, type(model).__name__, 1, adjustable=())
+    except ValueError as e:
+        raise UsageError(f"sample {target}: {e}") from None
     try:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            out = generate(model, ids, length, np.random.default_rng(seed), **sampling)
+            out = generate(model, ids, length, np.random.default_rng(seed),
+                           vocab=tokenizer.vocab_size, **sampling)
     except ValueError as e:  # a bad sampling option, or logits that are not finite
         hint = "; the weights are too large to compute with" if "logits" in str(e) else ""
-        raise UsageError(f"{path}: cannot sample: {e}{hint}") from None
+        raise UsageError(f"{target}: cannot sample: {e}{hint}") from None
     for line in notes:  # on stderr (stdout is the text), and only when there was no error
         print(line, file=sys.stderr, flush=True)
     return tokenizer.decode(out)

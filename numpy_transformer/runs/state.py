@@ -33,7 +33,7 @@ from ..data import (
     window_schedule,
 )
 from ..functional.softmax import cross_entropy_forward
-from ..memory import check_training_fits
+from ..memory import check_inference_fits, check_training_fits, eval_batch
 from ..nn import (
     LSTMLM,
     DecoderLM,
@@ -54,7 +54,6 @@ MODEL_CLASSES = {"lm": DecoderLM, "copy": DecoderLM, "sort": EncoderClassifier,
 CONFIG_CLASSES = {DecoderLM: TransformerConfig, EncoderClassifier: TransformerConfig,
                   EncoderDecoder: TransformerConfig, LSTMLM: LSTMConfig}  # every model a run has
 TASK_EVAL_SET = 512  # sequences of a synthetic task's fixed held-out set
-LM_EVAL_BATCH = 64  # windows per call of the LM's held-out loss (fixed_window_loss's default)
 
 # --------------------------------------------------------------------------------------------
 # A run in memory: data, model, optimizer, generators
@@ -73,9 +72,16 @@ class Run:
         (:func:`~.options.resolve_options`).
     tokenizer : CharTokenizer or BPETokenizer, optional
         The LM's tokenizer, where it is not made from its text: that of the model it started
-        from (``--init-from``), or the one its checkpoint holds (made once: a BPE's).
+        from (``--init-from``, ``import``), or the one its checkpoint holds (made once: a
+        BPE's).
     started_from : dict, optional
         What ``config.json`` records of the model it started from (``runs/init_from.py``).
+    vocab : int, optional
+        The LM's embedding rows, where they are not the tokenizer's ids: a model's vocabulary
+        padded to a multiple (nanoGPT's 50,304 for GPT-2's 50,257). At least the tokenizer's.
+    training : bool, default True
+        Whether the run is built to train now: its memory check sizes a training step and a
+        held-out evaluation. False (``import``): the weights, twice while they are copied in.
 
     Raises
     ------
@@ -86,7 +92,8 @@ class Run:
 
     def __init__(self, config_fields: dict, options: dict,
                  tokenizer: CharTokenizer | BPETokenizer | None = None,
-                 started_from: dict | None = None) -> None:
+                 started_from: dict | None = None, vocab: int | None = None,
+                 training: bool = True) -> None:
         self.options = options
         self.task = options["task"]
         self.model_kind = options["model"]  # "transformer" or "lstm" (--model)
@@ -111,10 +118,15 @@ class Run:
             self.ids = ids
             self.train_ids, self.val_ids = train_val_split(ids, 0.9)
             context = config_fields["max_len"]
+            unit = "characters" if isinstance(self.tokenizer, CharTokenizer) else "tokens"
             if len(self.train_ids) < context + 1:
-                raise UsageError(f"the training part of the text has {len(self.train_ids)} "
-                                 f"characters, fewer than one window of --context {context} + 1")
-            vocab = self.tokenizer.vocab_size
+                raise UsageError(f"the training part of {options['text'] or 'the embedded corpus'}"
+                                 f" has {len(self.train_ids)} {unit}, fewer than one window of "
+                                 f"--context {context} + 1")
+            if vocab is not None and vocab < self.tokenizer.vocab_size:
+                raise UsageError(f"the tokenizer has {self.tokenizer.vocab_size} ids, more than "
+                                 f"the model's {vocab} embedding rows")
+            vocab = vocab or self.tokenizer.vocab_size
         else:
             vocab = 11 if self.task == "reverse" else 10  # digits, plus BOS for reverse
             if self.task == "sort":
@@ -122,7 +134,7 @@ class Run:
         model_class = LSTMLM if self.model_kind == "lstm" else MODEL_CLASSES[self.task]
         config = CONFIG_CLASSES[model_class](vocab=vocab, seed=seed, **config_fields, **extra)
         try:
-            self._check_memory(config, model_class.__name__)  # first: it names the option
+            self._check_memory(config, model_class.__name__, training)  # first: names options
             self.config = config.validate()
         except ValueError as e:
             raise UsageError(str(e)) from None
@@ -142,14 +154,29 @@ class Run:
         self.sample_rng = np.random.default_rng([seed, 3])
 
     # ---------------------------------------------------------------- pieces
-    def _check_memory(self, config: TransformerConfig | LSTMConfig, model: str) -> None:
+    def _check_memory(self, config: TransformerConfig | LSTMConfig, model: str,
+                      training: bool = True) -> None:
         """Raise ``ValueError`` naming the option if the run cannot fit in memory: weights,
         gradients, Adam's moments, a step's activations (or an evaluation's, if larger) and
-        the LM's window schedule (``numpy_transformer.memory``)."""
+        the LM's window schedule (``numpy_transformer.memory``); not ``training``: the
+        weights twice (a model's copied into the run's).
+
+        A run that started from another model's weights cannot change its shape: its
+        message names ``--batch`` or ``--context`` (``train --init-from``'s way out)."""
+        if not training:
+            check_inference_fits(config, model, 1, 1, copies=2, label=_option_label)
+            return
         lm = self.task == "lm"
+        fixed = self.started_from is not None or self.options.get("init_from") is not None
         check_training_fits(config, model, self.options["batch"], self.options["steps"],
-                            LM_EVAL_BATCH if lm else TASK_EVAL_SET, schedule=lm,
-                            label=_option_label)
+                            self.eval_batch(config) if lm else TASK_EVAL_SET, schedule=lm,
+                            label=_option_label,
+                            adjustable=("batch", "max_len", "steps") if fixed else None)
+
+    @staticmethod
+    def eval_batch(config: TransformerConfig | LSTMConfig) -> int:
+        """Windows per call of the LM's held-out loss (``memory.eval_batch``)."""
+        return eval_batch(config)
 
     def _draw_schedule(self) -> None:
         """Every window start of the LM's run, drawn up front from a generator of its own
@@ -235,7 +262,7 @@ class Run:
         try:
             if self.task == "lm":
                 loss = fixed_window_loss(self.model.forward, self.val_ids, self.config.max_len,
-                                         batch=LM_EVAL_BATCH)
+                                         batch=self.eval_batch(self.config))
                 return {"val_loss": float(loss)}
             b = self.eval_set
             logits = self.model.forward(*b.inputs)
@@ -245,6 +272,18 @@ class Run:
             return {"val_loss": float(loss), "val_acc": acc}
         finally:
             self.model.train()
+
+    def data_line(self) -> str:
+        """What an LM run trains on, in one line: the text, how it is tokenized, its size."""
+        o = self.options
+        if self.started_from is not None:
+            how = "by the tokenizer of the model it started from"
+        else:
+            how = "into characters" if o["tokenizer"] == "char" else "by a BPE learned on it"
+        unit = "characters" if isinstance(self.tokenizer, CharTokenizer) else "tokens"
+        return (f"data: {o['text'] or 'the embedded corpus'}, tokenized {how}: "
+                f"{len(self.ids):,} {unit}, vocabulary {self.tokenizer.vocab_size}; "
+                f"{o['steps']} steps of {o['batch']} windows")
 
     def summary(self) -> str:
         """The model in one line: its class, size and shape."""

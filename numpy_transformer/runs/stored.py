@@ -104,7 +104,8 @@ def rebuild_run(stored: StoredRun) -> Run:
         own = (started or stored.options["tokenizer"] != "char") and tokenizer_from_dict(
             ckpt.tokenizer)  # the source's, or a BPE's: the checkpoint's, not made again
         run = Run(fields, dict(stored.options), tokenizer=own or None,
-                  started_from=ckpt and ckpt.meta.get("started_from"))
+                  started_from=ckpt and ckpt.meta.get("started_from"),
+                  vocab=stored.config.get("vocab") if own else None)
     except (ValueError, TypeError, KeyError) as e:  # e.g. the --text file is gone
         raise CheckpointError(f"{source}: cannot rebuild the run: {e}") from None
     if ckpt is not None:
