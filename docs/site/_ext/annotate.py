@@ -44,6 +44,7 @@ from pathlib import Path
 from equations import Equation, notes_equations, sections
 
 TAG = re.compile(r"\((\d+[a-z]?)\)(?:\s*-\s*\((\d+[a-z]?)\))?")
+CELL = re.compile(r"^# %% (\w+)\n", re.MULTILINE)  # a check-it-yourself cell: # %% <stem>
 # calls that move or shape arrays without computing (the plumbing of a backward)
 PLUMBING_CALLS = {"np.zeros", "np.zeros_like", "np.empty", "np.empty_like", "np.ones",
                   "tuple", "list", "len", "range", "reversed", "zip", "isinstance", "type",
@@ -339,3 +340,21 @@ def _plumbing_expr(node: ast.expr, shown: set[str]) -> bool:
             return receiver is None or name.startswith("np.") \
                 or _plumbing_expr(receiver, shown)
     return False
+
+
+def check_cells(info: ModuleInfo, text: str, where: str) -> dict[str, str]:
+    """The check-it-yourself cells of a module's check file (``# %% <stem>`` then its code),
+    ``{stem: code}``; :class:`ContractError` unless every pair has exactly one and every
+    cell names a pair."""
+    parts = CELL.split(text)
+    stems = parts[1::2]
+    cells = dict(zip(stems, (c.strip("\n") + "\n" for c in parts[2::2]), strict=True))
+    pairs = [g.stem for g in info.groups if g.forward]
+    missing = [p for p in pairs if p not in cells]
+    unknown = [c for c in cells if c not in pairs]
+    twice = sorted({s for s in stems if stems.count(s) > 1})
+    if missing or unknown or twice:
+        raise ContractError(f"{where}: every pair needs one cell `# %% <stem>`: missing "
+                            f"{missing or 'none'}, naming no pair {unknown or 'none'}, "
+                            f"twice {twice or 'none'}")
+    return cells

@@ -34,7 +34,6 @@ from sphinx.transforms import SphinxTransform
 SITE = Path(__file__).resolve().parents[1]
 GENERATED = SITE / "_generated"
 CHECKS = SITE / "checks"
-CELL = re.compile(r"^# %% (\w+)\n", re.MULTILINE)
 # The public API: the package's __all__ and its subpackages' (torch_twins needs the torch
 # extra, export the hf one: documented when importable)
 API = ("numpy_transformer", "numpy_transformer.gradcheck", "numpy_transformer.nn",
@@ -93,15 +92,11 @@ def run_cells(info: annotate.ModuleInfo) -> dict[str, tuple[str, str]]:
             raise AnnotationError(f"{path.relative_to(SITE.parents[1])} is missing: it holds "
                                   f"the check-it-yourself cells of {', '.join(pairs)}")
         return {}
-    text = path.read_text(encoding="utf-8")
-    parts = CELL.split(text)
-    cells = dict(zip(parts[1::2], (c.strip("\n") + "\n" for c in parts[2::2]), strict=True))
     where = path.relative_to(SITE.parents[1])
-    missing = [p for p in pairs if p not in cells]
-    unknown = [c for c in cells if c not in pairs]
-    if missing or unknown:
-        raise AnnotationError(f"{where}: every pair needs one cell `# %% <stem>`; missing "
-                              f"{missing or 'none'}, naming no pair {unknown or 'none'}")
+    try:
+        cells = annotate.check_cells(info, path.read_text(encoding="utf-8"), str(where))
+    except annotate.ContractError as e:
+        raise AnnotationError(str(e)) from None
     out = {}
     for stem, code in cells.items():
         printed = io.StringIO()
