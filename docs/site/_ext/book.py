@@ -121,11 +121,14 @@ def module_page(info: annotate.ModuleInfo, cells: dict[str, tuple[str, str]]) ->
     doc = sections(_module_doc(info))
     parts += [doc[""], ""]
     if doc.get("References"):
-        parts += [".. rubric:: References", "", doc["References"], ""]
+        parts += [".. rubric:: References", ""] + [
+            f"| {line.strip()}" if not line.startswith(" ") else f"  {line.strip()}"
+            for line in doc["References"].splitlines()] + [""]
     if info.groups:
-        parts += ["Every backward line below is tagged with the forward equation it "
-                  "differentiates: a tag links to its equation, an equation to the lines that "
-                  "use it, and the build fails if a tag is missing or names no equation.", ""]
+        parts += ["Every backward line below (and every line of an update) is tagged with the "
+                  "equation it differentiates: a tag links to its equation, an equation to the "
+                  "lines that use it, and the build fails if a tag is missing or names no "
+                  "equation.", ""]
     else:
         parts += ["This module holds no forward/backward pair: what it makes is a constant "
                   "of the computation (no gradient flows into it).", ""]
@@ -392,43 +395,51 @@ def notes_as_math(app, what, name, obj, options, lines: list[str]) -> None:
 def api_pages() -> dict[str, str]:
     """One page per public namespace, from ``__all__``."""
     pages = {}
-    toc = []
+    toc, left_out = [], []
     for name in API:
         try:
-            module = importlib.import_module(name)
-        except ImportError:
+            pages[f"api/{name.split('.')[-1]}.rst"] = _api_page(name)
+        except ImportError as e:  # torch_twins without the torch extra, ...
+            left_out.append(f"* ``{name}``: {str(e).splitlines()[0]}")
             continue
-        short = name.split(".")[-1]
-        title = name
-        lines = [f".. This page is generated from {name}.__all__ when the site is built.\n",
-                 title, "=" * len(title), "", f".. automodule:: {name}", "   :no-members:",
-                 ""]
-        names = list(getattr(module, "__all__", [])) or sorted(
-            n for n, v in vars(module).items() if not n.startswith("_")
-            and getattr(v, "__module__", None) == name and callable(v))
-        if name == "numpy_transformer":
-            names = [n for n in names if n == "load_run"]
-        if name == "numpy_transformer.functional":
-            lines += _functional_api(module)
-        else:
-            for member in names:
-                obj = getattr(module, member)
-                if isinstance(obj, type(module)):
-                    continue
-                kind = "autoclass" if isinstance(obj, type) else \
-                    "autofunction" if callable(obj) else "autodata"
-                lines += [f".. {kind}:: {name}.{member}"]
-                if kind == "autoclass":
-                    lines += ["   :members:"]
-                lines.append("")
-        pages[f"api/{short}.rst"] = "\n".join(lines) + "\n"
-        toc.append(short)
+        toc.append(name.split(".")[-1])
     pages["api/index.rst"] = "\n".join(
         ["API reference", "=============", "",
          "The public API: the names of ``numpy_transformer.__all__`` and of its subpackages' "
          "``__all__``, documented from their numpydoc docstrings.", "",
-         ".. toctree::", "   :maxdepth: 1", ""] + [f"   {t}" for t in toc]) + "\n"
+         ".. toctree::", "   :maxdepth: 1", ""] + [f"   {t}" for t in toc] + (
+            ["", "Not documented by this build, for want of an extra:", ""] + left_out
+            if left_out else [])) + "\n"
     return pages
+
+
+def _api_page(name: str) -> str:
+    """The RST of one namespace's page; ImportError if the namespace (or a name of its
+    ``__all__``) needs a package this environment lacks."""
+    module = importlib.import_module(name)
+    title = name
+    lines = [f".. This page is generated from {name}.__all__ when the site is built.\n",
+             title, "=" * len(title), "", f".. automodule:: {name}", "   :no-members:",
+             ""]
+    names = list(getattr(module, "__all__", [])) or sorted(
+        n for n, v in vars(module).items() if not n.startswith("_")
+        and getattr(v, "__module__", None) == name and callable(v))
+    if name == "numpy_transformer":
+        names = [n for n in names if n == "load_run"]
+    if name == "numpy_transformer.functional":
+        lines += _functional_api(module)
+    else:
+        for member in names:
+            obj = getattr(module, member)
+            if isinstance(obj, type(module)):
+                continue
+            kind = "autoclass" if isinstance(obj, type) else \
+                "autofunction" if callable(obj) else "autodata"
+            lines += [f".. {kind}:: {name}.{member}"]
+            if kind == "autoclass":
+                lines += ["   :members:"]
+            lines.append("")
+    return "\n".join(lines) + "\n"
 
 
 def _functional_api(package) -> list[str]:
