@@ -216,6 +216,53 @@ def test_the_page_renders_and_links_and_shows(name, browser, served):
     assert shot.stat().st_size > 10_000
 
 
+class _Links(_Ids):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: set[str] = set()
+
+    def handle_starttag(self, tag, attrs) -> None:
+        super().handle_starttag(tag, attrs)
+        self.hrefs |= {v for k, v in attrs if k in ("href", "src") and v}
+
+
+def dead_links(site: Path, pages: list[Path]) -> list[str]:
+    """The relative links and sources of ``pages`` that name no file of ``site``, or a
+    fragment that names no element of its page."""
+    parsed: dict[Path, _Links] = {}
+
+    def parse(path: Path) -> _Links:
+        if path not in parsed:
+            parsed[path] = _Links()
+            parsed[path].feed(path.read_text(encoding="utf-8"))
+        return parsed[path]
+
+    dead = []
+    for page in pages:
+        for href in sorted(parse(page).hrefs):
+            parts = urllib.parse.urlparse(href)
+            if parts.scheme or parts.netloc:
+                continue
+            target = page.parent / urllib.parse.unquote(parts.path) if parts.path else page
+            where = f"{page.relative_to(site)}: {href}"
+            if not target.exists():
+                dead.append(f"{where} (no such file)")
+            elif parts.fragment and target.suffix == ".html" and \
+                    urllib.parse.unquote(parts.fragment) not in parse(target).ids:
+                dead.append(f"{where} (no such element)")
+    return dead
+
+
+def test_every_internal_link_of_the_whole_site_resolves():
+    """Without a browser, over every page: each relative link names a file of the site, and
+    its fragment an element of that page (the browser checks the pages above as served)."""
+    pages = [p for p in SITE.rglob("*.html")  # the theme's templates in _static are no pages
+             if "_static" not in p.relative_to(SITE).parts]
+    assert len(pages) > 40
+    dead = dead_links(SITE, pages)
+    assert not dead, "\n".join(dead[:50])
+
+
 def test_the_annotated_page_links_every_tag_to_its_equation(browser, served):
     """Every tag of the attention page's code links to an equation anchor, and every
     equation to a line: the page is the contract drawn (inspect_page checks they resolve)."""
@@ -253,9 +300,11 @@ def test_the_negative_control_fails_every_check(browser, served, tmp_path):
     (folder / name).write_text(broken, encoding="utf-8")
     problems = inspect_page(browser, served(tmp_path) + str(Path(page).parent / name),
                             SCREENSHOTS / "negative_control.png", figures=True, math=True)
-    report = "\n".join(problems)
+    report = "\n".join(problems + dead_links(tmp_path, [folder / name]))
     assert "#eq-sdpa-9" in report, report
     assert "no-such-page.html: HTTP 404" in report, report
     assert "MathJax error" in report, report
     assert "raw math '\\\\(' left in the text: '\\\\(x^2 is left open" in report, report
     assert "no-such-figure.png did not load" in report, report
+    assert f"{name}: #eq-sdpa-9 (no such element)" in report, report  # the check without
+    assert f"{name}: no-such-page.html (no such file)" in report, report  # a browser

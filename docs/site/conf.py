@@ -23,7 +23,7 @@ copyright = "the numpy_transformer authors"
 root_doc = "docs/site/index"
 extensions = ["myst_nb", "numpydoc", "sphinx.ext.autodoc", "sphinx.ext.mathjax",
               "sphinx-mathjax-offline", "book"]
-include_patterns = ["docs/site/**", "docs/*.md", "docs/notebooks/*.md",
+include_patterns = ["README.md", "docs/site/**", "docs/*.md", "docs/notebooks/*.md",
                     "docs/notebooks/*.ipynb", "docs/notebooks/solutions/*.ipynb",
                     "experiments/README.md", "benchmarks/README.md"]
 exclude_patterns = [".*", "**/.*", "docs/_build", "runs", "build", "dist", "**/__pycache__",

@@ -30,6 +30,7 @@ from pygments.token import STANDARD_TYPES, Comment, String
 from sphinx import addnodes
 from sphinx.errors import SphinxError
 from sphinx.transforms import SphinxTransform
+from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util import logging
 
 SITE = Path(__file__).resolve().parents[1]
@@ -53,6 +54,7 @@ def setup(app):
     app.connect("builder-inited", generate)
     app.connect("autodoc-process-docstring", notes_as_math, priority=400)  # before numpydoc
     app.add_transform(ExperimentFigures)
+    app.add_post_transform(RepositoryLinks)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
 
 
@@ -497,3 +499,37 @@ def _ancestors(node):
     while node.parent is not None:
         node = node.parent
         yield node
+
+
+# ------------------------------------------------------------------ links into the repository
+class RepositoryLinks(SphinxPostTransform):
+    """A Markdown link to a folder of the repository goes to its README when that is a page
+    of the site (``benchmarks/``); a link to a folder or file the site has no page for
+    (``docs/notebooks/solutions/``) keeps its text, unlinked. Links to nothing at all are
+    left to MyST, which reports them (and the build fails)."""
+
+    default_priority = 8  # before MyST resolves its links (9)
+
+    def run(self, **kwargs) -> None:
+        root = SITE.parents[1]
+        for node in list(self.document.findall(addnodes.pending_xref)):
+            if node.get("reftype") != "myst":
+                continue
+            here = Path(self.env.doc2path(node.get("refdoc", self.env.docname))).parent
+            target = node["reftarget"]
+            if node.get("refdomain") == "doc":
+                path = root / f"{target}.md"
+                if target not in self.env.all_docs and path.exists():
+                    node.replace_self(node[0].deepcopy())
+                continue
+            path = (here / target).resolve()
+            if not path.is_dir() or root not in path.parents and path != root:
+                continue
+            readme = path.relative_to(root) / "README"
+            if readme.as_posix() in self.env.all_docs:
+                uri = self.app.builder.get_relative_uri(self.env.docname, readme.as_posix())
+                reference = nodes.reference("", "", internal=True, refuri=uri)
+                reference += node[0].deepcopy()
+                node.replace_self(reference)
+            else:
+                node.replace_self(node[0].deepcopy())
