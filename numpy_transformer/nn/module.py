@@ -94,6 +94,23 @@ def _forward_and_backward(method: Callable) -> Callable:
     return run
 
 
+_DRAWN_BLOCK = 1 << 16  # numbers of one draw of drawn(): its float64 temporary stays small
+
+
+def drawn(shape: tuple, dtype, draw: Callable[[tuple], np.ndarray]) -> np.ndarray:
+    """``draw(shape).astype(dtype)``, the same numbers, drawn a block of rows at a time.
+
+    A generator's stream cut in pieces gives the numbers of one draw, so the values do not
+    change; only no float64 array of the whole shape is made (at GPT-2's size a 309 MB one for
+    the token table, whose freed memory would stay in the heap between the weights).
+    """
+    out = np.empty(shape, dtype=dtype)
+    rows = max(1, _DRAWN_BLOCK // max(1, int(np.prod(shape[1:], dtype=np.int64))))
+    for i in range(0, out.shape[0], rows):
+        out[i:i + rows] = draw((min(rows, out.shape[0] - i),) + tuple(shape[1:]))
+    return out
+
+
 class Module:
     """Base class: parameter and gradient dicts, ordered children, a train/eval flag."""
 
@@ -122,7 +139,9 @@ class Module:
     def add_param(self, name: str, value: np.ndarray) -> np.ndarray:
         """Register a trainable array and its zero gradient; returns the array."""
         self.params[name] = value
-        self.grads[name] = np.zeros_like(value)
+        # np.zeros, not zeros_like: its pages are the system's zero pages until a backward
+        # writes them, so a model that only infers holds no memory for its gradients
+        self.grads[name] = np.zeros(value.shape, dtype=value.dtype)
         return value
 
     def add(self, name: str, module: Module) -> Module:
