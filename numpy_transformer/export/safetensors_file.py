@@ -89,8 +89,9 @@ def read_header(path: Path, purpose: str) -> tuple[dict[str, str], dict[str, tup
     alone (no tensor is read yet)."""
     safetensors = require("safetensors", purpose)
     check_file(path)
-    with open(path, "rb"):  # a file we may not read: the OSError it is (the package says
-        pass  # "No such file"), named, the command line's exit 74
+    # Opened once here: a file we may not read raises the OSError it is (permission denied,
+    # named: the command line's exit 74), where the package would say "No such file"
+    open(path, "rb").close()
     try:
         with safetensors.safe_open(str(path), framework="np") as f:
             slices = {name: f.get_slice(name) for name in f.keys()}
