@@ -1,6 +1,6 @@
 """The run package's imports point one way (outputs <- options <- environment <- folder <-
-state <- stored <- sample <- report <- loop), and the command line imports nothing heavy before a
-command runs."""
+state <- stored <- sources <- init_from <- ... <- report <- loop), and the command line imports
+nothing heavy before a command runs."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ import numpy_transformer
 PACKAGE = Path(numpy_transformer.__file__).parent
 # Each module of numpy_transformer.runs may import only the modules before it.
 ORDER = ("outputs", "options", "environment", "folder", "state", "stored", "sources",
-         "init_from",
-         "importing",
+         "init_from", "importing",
          "sample", "evaluate",
          "precompile", "export", "report", "tensorboard", "loop")
 # What cli.py may import when it is loaded: the standard library and these light modules.

@@ -142,7 +142,8 @@ def read_tensors(path: Path, purpose: str) -> dict:
     beside the arrays, twice the weights at GPT-2's size.
     """
     _, header = read_header(path, purpose)  # the package's own checks of the header
-    check_dtypes(path, header)
+    if header:  # (an optimiser's file before its first step holds no tensor)
+        check_dtypes(path, header)
     tensors = {}
     try:
         with open(path, "rb") as f:

@@ -177,12 +177,13 @@ class Run:
         if not training:
             check_inference_fits(config, model, 1, 1, copies=2, label=_option_label)
             return
-        lm = self.task == "lm"
-        fixed = self.started_from is not None or self.options.get("init_from") is not None
+        lm, source = self.task == "lm", self.options.get("init_from")
+        hint = "" if source is None else (f" (a run of that size starts from the same "
+                                          f"weights with train --init-from {source})")
         check_training_fits(config, model, self.options["batch"], self.options["steps"],
                             self.eval_batch(config) if lm else TASK_EVAL_SET, schedule=lm,
-                            label=_option_label,
-                            adjustable=("batch", "max_len", "steps") if fixed else None)
+                            label=_option_label, hint=hint,
+                            adjustable=None if source is None else ("batch", "max_len", "steps"))
 
     @staticmethod
     def eval_batch(config: TransformerConfig | LSTMConfig) -> int:
