@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from numpy_transformer import nn
-from numpy_transformer.nn.decoding import KVCache
 from numpy_transformer.config import BACKENDS
 from numpy_transformer.generate import generate
-from numpy_transformer.nn import DecoderLM, LSTMConfig, LSTMLM, TransformerConfig
+from numpy_transformer.nn import LSTMLM, DecoderLM, LSTMConfig, TransformerConfig
+from numpy_transformer.nn.decoding import KVCache
 
 TOKENS = np.array([[1, 2]])
 
@@ -80,8 +80,11 @@ def test_a_backward_after_an_inference_forward_is_refused_in_one_sentence(backen
         model.forward(TOKENS)
     with pytest.raises(ValueError, match="kept nothing for a backward"):
         model.backward(dlogits)
-    assert all(m.grad_enabled for _, m in model.named_modules())  # restored on the way out
+    assert all(m.grad_enabled is None for _, m in model.named_modules())  # restored
     model.forward(TOKENS)  # training mode, outside the block: the backward runs
+    model.backward(dlogits)
+    with model.eval().enable_grad():  # evaluation mode with a backward: no dropout
+        model.forward(TOKENS)
     model.backward(dlogits)
 
 
