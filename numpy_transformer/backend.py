@@ -135,8 +135,19 @@ def _build(name: str, kernels: tuple[str, ...] | None = None) -> Backend:
     :func:`kernel_selection`)."""
     ops = {op: getattr(functional, op) for op in functional.__all__}
     if name == "numba":  # imported only now: the first import compiles or loads the kernels
+        start_numba()
         ops.update(_kernels(kernel_selection() if kernels is None else kernels))
     return Backend(name=name, **ops)
+
+
+def start_numba() -> None:
+    """The numba backend's one hook into the process, run when the backend is first built,
+    before any kernel runs: Numba's threads wait asleep and follow the cores this process may
+    use (:func:`numpy_transformer.threads.use_cores`). The kernels themselves were compiled
+    when the package was installed, or compile on their first call (``kernels/_jit.py``)."""
+    from .threads import use_cores
+
+    use_cores()
 
 
 # The kernels that "numba" stands for inside only_kernels (None: kernel_selection()'s)

@@ -107,8 +107,10 @@ def steady_state(threads: int) -> None:
     import numba
 
     from ..allocator import reuse_freed_memory
+    from ..backend import get_backend
     from ..kernels._tiers import PARALLEL, set_tier
 
+    get_backend("numba")  # its threads set up first (backend.start_numba), then their count
     numba.set_num_threads(threads)
     reuse_freed_memory()
     set_tier(PARALLEL)
