@@ -75,20 +75,21 @@ def test_the_summary_prints_the_fraction_of_the_products_rate(capsys):
     assert "| effective GFLOP/s | 50.0 | 25.0 |" in out
 
 
-def test_a_timed_process_runs_the_kernels_parallel_tier(monkeypatch):
-    """A measured step never runs the serial tier, nor beside a background compiler."""
+def test_a_timed_process_sets_its_threads_after_the_backend_and_keeps_freed_memory(
+        monkeypatch):
+    """The numba backend's threads set up first (its hook), then the count asked for."""
     import numba
 
-    from numpy_transformer import allocator
-    from numpy_transformer.kernels import _tiers
+    from numpy_transformer import allocator, backend
 
-    kept = []
+    kept, built = [], []
     monkeypatch.setattr(allocator, "reuse_freed_memory", lambda: kept.append(True))
+    monkeypatch.setattr(backend, "get_backend", lambda name: built.append(
+        (name, numba.get_num_threads())))
     threads = numba.get_num_threads()
     try:
         train_step.steady_state(1)
-        assert _tiers._state.mode == _tiers.PARALLEL and numba.get_num_threads() == 1
+        assert built == [("numba", threads)] and numba.get_num_threads() == 1
         assert kept == [True]  # freed memory kept, as the command line keeps it
     finally:
-        _tiers.set_tier(_tiers.AUTO)
         numba.set_num_threads(threads)

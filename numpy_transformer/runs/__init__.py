@@ -25,9 +25,6 @@ module imports only those above it in this list, never one below:
     tokenizer
 ``sample``
     text from a trained language model (``numpy-transformer sample``)
-``precompile``
-    the kernels a run calls, its evaluation's and sample's too, compiled in two processes when
-    Numba's cache lacks them (``compile_ahead.py``)
 ``export``
     a trained model for other tools (``numpy-transformer export``)
 ``report``
