@@ -22,9 +22,11 @@ class BuildAndCompile(build_py):
         super().run()
         if getattr(self, "editable_mode", False):
             return
-        # the built copy first on the path, and Numba's cache beside its kernels
+        # the built copy first on the path (then pip's build environment, which a path of its
+        # own sets up), and Numba's cache beside its kernels
         env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
-        env["PYTHONPATH"] = os.path.abspath(self.build_lib)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (os.path.abspath(self.build_lib), env.get("PYTHONPATH")) if p)
         done = subprocess.run([sys.executable, "-m", "numpy_transformer.compile_kernels"],
                               env=env, cwd=self.build_lib, check=False)
         if done.returncode:
