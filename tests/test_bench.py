@@ -1,12 +1,13 @@
-"""The benchmark's bookkeeping (``numpy_transformer.bench.train_step``): which workers a run
-starts, the model each configuration builds and its FLOP count. The timing itself is in
-``benchmarks/``, never in a test; ``test_cli.py`` runs ``bench --quick`` end to end."""
+"""The benchmark's bookkeeping (``numpy_transformer.bench.train_step``, ``.real_machine``):
+which workers a run starts, the model each configuration builds and its FLOP count, the
+competing processes and the busy machine's warning. The timing itself is in ``benchmarks/``,
+never in a test; ``test_cli.py`` runs ``bench --quick`` end to end."""
 
 from __future__ import annotations
 
 import pytest
 
-from numpy_transformer.bench import configs, train_step
+from numpy_transformer.bench import configs, real_machine, train_step
 from numpy_transformer.config import BENCH_CONFIGS
 from numpy_transformer.nn import LSTMLM, DecoderLM
 
@@ -93,3 +94,21 @@ def test_a_timed_process_sets_its_threads_after_the_backend_and_keeps_freed_memo
         assert kept == [True]  # freed memory kept, as the command line keeps it
     finally:
         numba.set_num_threads(threads)
+
+
+def test_competing_processes_run_for_the_block_only():
+    with real_machine.competing(2) as loops:
+        assert len(loops) == 2 and all(loop.poll() is None for loop in loops)
+    assert all(loop.returncode is not None for loop in loops)  # ended and waited for
+    with real_machine.competing(0) as loops:
+        assert loops == []
+
+
+def test_a_busy_machine_is_warned_about_in_one_line():
+    import os
+
+    used = real_machine.cores_in_use(0.2)
+    assert 0.0 <= used <= (os.cpu_count() or 1) + 1e-9
+    assert real_machine.busy_line(0.0) is None
+    line = real_machine.busy_line(1.5)
+    assert "\n" not in line and "busy" in line and "not comparable" in line

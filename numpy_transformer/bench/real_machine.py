@@ -43,11 +43,11 @@ BUSY_CORES = 0.5
 
 
 @contextlib.contextmanager
-def competing(n: int) -> Iterator[None]:
+def competing(n: int) -> Iterator[list[subprocess.Popen]]:
     """``n`` CPU-bound processes running for the block (ended, and waited for, after it)."""
     loops = [subprocess.Popen(BUSY_LOOP) for _ in range(n)]
     try:
-        yield
+        yield loops
     finally:
         for loop in loops:
             loop.kill()
@@ -132,16 +132,26 @@ def print_thread_rows(rows: list[dict]) -> None:
 
 
 PROCESS_STEPS = 35
-# A whole short process: build the model, make ``steps`` training steps, exit
+# A whole short process of the chapter's model, as a user's script makes it: build the model,
+# make ``steps`` training steps (ours: a plain Trainer), exit
 PROCESS = """
 import sys
+import numpy as np
 from numpy_transformer.bench.configs import CONFIGS
-from numpy_transformer.bench.train_step import _ours_step, _torch_step
-from numpy_transformer.threads import available_cores
+from numpy_transformer.bench.train_step import _batches, _model, _torch_step
 variant, steps = sys.argv[1], int(sys.argv[2])
-cores = available_cores()
-step = (_torch_step(CONFIGS["chapter"], cores, fused=True) if variant == "torch" else
-        _ours_step(CONFIGS["chapter"], "numba", cores))
+config = CONFIGS["chapter"]
+if variant == "torch":
+    from numpy_transformer.threads import available_cores
+    step = _torch_step(config, available_cores(), fused=True)
+else:
+    from numpy_transformer.optim import Adam
+    from numpy_transformer.schedules import constant_lr
+    from numpy_transformer.train import Batch, Trainer
+    model = _model(config, backend="numba")
+    trainer = Trainer(model, Adam(lr=1e-3, backend="numba"), constant_lr(1e-3), clip=1.0)
+    data = [Batch((np.asarray(x),), np.asarray(y)) for x, y in _batches(config)]
+    step = lambda i: trainer.step(data[i % len(data)])
 for i in range(steps):
     step(i)
 """
