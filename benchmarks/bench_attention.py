@@ -127,10 +127,10 @@ def worker(impl: str, memory: bool, budget: float, threads: int) -> None:
         import torch
 
         torch.set_num_threads(threads)
-    if impl == "kernel":  # its parallel tier, compiled here if the cache lacks it
-        from numpy_transformer.kernels._tiers import PARALLEL, set_tier
+    if impl == "kernel":  # the numba backend's threads (backend.start_numba)
+        from numpy_transformer.backend import get_backend
 
-        set_tier(PARALLEL)
+        get_backend("numba")
     print(json.dumps({"ready": True, **worker_info(impl)}), flush=True)
     for line in sys.stdin:
         cfg = json.loads(line)

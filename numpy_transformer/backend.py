@@ -17,9 +17,13 @@ it; nothing else in the library chooses an implementation.
 The environment variable ``NUMPY_TRANSFORMER_KERNELS`` limits the ``"numba"`` backend to the
 kernels it names, comma-separated: a kernel module takes all its operations (``attention``),
 a module and one of its operations takes that one alone (``lstm.lstm_backward``); the other
-operations keep their references. It must be set before the first model is built. The compile
-workers of :mod:`numpy_transformer.runs.precompile` use it to compile one group of kernels
-each, and it narrows a disagreement between the two backends down to one kernel.
+operations keep their references. It must be set before the first model is built. It narrows
+a disagreement between the two backends down to one kernel.
+
+Building the ``"numba"`` backend runs its one hook into the process, :func:`start_numba`, before
+any kernel runs: the kernels' thread settings. The kernels themselves were compiled when the
+package was installed (``numpy_transformer/compile_kernels.py``), or compile on their first
+call; nothing at run time decides which.
 
 Examples
 --------
@@ -30,11 +34,10 @@ Examples
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType, SimpleNamespace
 
 from . import functional
@@ -130,17 +133,22 @@ def _kernels(names: tuple[str, ...]) -> dict[str, Callable]:
 
 
 @functools.cache
-def _build(name: str, kernels: tuple[str, ...] | None = None) -> Backend:
-    """The backend ``name``; for ``"numba"``, with the ``kernels`` named (default: those of
-    :func:`kernel_selection`)."""
+def _build(name: str) -> Backend:
+    """The backend ``name``; for ``"numba"``, with the kernels of :func:`kernel_selection`."""
     ops = {op: getattr(functional, op) for op in functional.__all__}
-    if name == "numba":  # imported only now: the first import compiles or loads the kernels
-        ops.update(_kernels(kernel_selection() if kernels is None else kernels))
+    if name == "numba":  # imported only now: Numba loads with the first kernel module
+        start_numba()
+        ops.update(_kernels(kernel_selection()))
     return Backend(name=name, **ops)
 
 
-# The kernels that "numba" stands for inside only_kernels (None: kernel_selection()'s)
-_only: tuple[str, ...] | None = None
+def start_numba() -> None:
+    """The numba backend's one hook into the process, run when the backend is first built,
+    before any kernel runs: Numba's threads wait for work asleep, and there are as many as
+    the cores this process may use (:func:`numpy_transformer.threads.use_cores`)."""
+    from .threads import use_cores
+
+    use_cores()
 
 
 def get_backend(backend: str | Backend = DEFAULT_BACKEND) -> Backend:
@@ -154,26 +162,4 @@ def get_backend(backend: str | Backend = DEFAULT_BACKEND) -> Backend:
     if isinstance(backend, Backend):
         return backend
     name = check_choice("backend", backend, BACKENDS)
-    return _build(name, _only if name == "numba" else None)
-
-
-@contextlib.contextmanager
-def only_kernels(names: tuple[str, ...]) -> Iterator[None]:
-    """Inside the block, ``get_backend("numba")`` takes the kernels ``names`` alone (kernel
-    modules, or ``module.operation``, as ``NUMPY_TRANSFORMER_KERNELS`` names them), the other
-    operations their references; a model or optimiser built inside keeps that backend.
-
-    For one process to compile some of a run's kernels while another compiles the rest
-    (:mod:`numpy_transformer.compile_ahead`). One block at a time: not for threads.
-
-    Raises
-    ------
-    ValueError
-        As :func:`kernel_selection` for the variable.
-    """
-    global _only
-    previous, _only = _only, _checked(tuple(names))
-    try:
-        yield
-    finally:
-        _only = previous
+    return _build(name)

@@ -157,7 +157,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError(f"--threads {args.threads}: this process may run on {cores} "
                          f"core{'s' if cores > 1 else ''} at most")
     try:
-        run(args.config, None if args.threads is None else int(args.threads), quick=args.quick)
+        run(args.config, None if args.threads is None else int(args.threads), quick=args.quick,
+            busy=args.busy)
     except RuntimeError as e:  # a worker process failed: its own traceback is on stderr
         print(f"{PROG}: bench failed: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
         return EXIT_DIVERGED

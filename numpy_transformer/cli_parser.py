@@ -302,7 +302,8 @@ def add_bench(sub) -> None:
                        "those are older than the CPU (numpy_transformer.bench). "
                        "The long scripts are in the repository's benchmarks/ folder.",
                        epilog="examples:\n  numpy-transformer bench --quick\n  "
-                       "numpy-transformer bench --config wide --threads 2", formatter_class=RAW)
+                       "numpy-transformer bench --config wide --threads 2\n  "
+                       "numpy-transformer bench --busy 1", formatter_class=RAW)
     b.add_argument("--config", choices=BENCH_CONFIGS, default=BENCH_CONFIGS[0],
                    help="chapter: the chapter's char model, batch 64 x 100; small, wide (6 "
                    "layers, width 384, 16 x 256), long (T = 1024), gpt2 (GPT-2 small's shape, "
@@ -311,6 +312,9 @@ def add_bench(sub) -> None:
     b.add_argument("--threads", type=number(POSITIVE_INT),
                    help="threads of both frameworks [the cores available]")
     b.add_argument("--quick", action="store_true", help="a few steps: that it runs, at a glance")
+    b.add_argument("--busy", type=number(NONNEG_INT), metavar="N",
+                   help="instead: ours and PyTorch on every core and on one, beside N "
+                   "competing CPU-bound processes")
 
 
 # --------------------------------------------------------------------------------------------

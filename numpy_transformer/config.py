@@ -2,10 +2,10 @@
 they are defined.
 
 The lists below are the registries of the library: the modules, the backend seam, the command
-line, the gradient-check tables, the PyTorch twins, the compile ahead and the tests all
-iterate over them; none keeps a list of its own. Adding a choice starts here
-(``docs/architecture.md``, "Where a new piece goes", has the recipes; ``tests/test_registry.py``
-fails while a registered name lacks one of its parts).
+line, the gradient-check tables, the PyTorch twins and the tests all iterate over them; none
+keeps a list of its own. Adding a choice starts here (``docs/architecture.md``, "Where a new
+piece goes", has the recipes; ``tests/test_registry.py`` fails while a registered name lacks
+one of its parts).
 """
 
 from __future__ import annotations

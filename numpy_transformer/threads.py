@@ -1,20 +1,23 @@
-"""Thread settings that matter on a small CPU: the BLAS libraries against Numba's threads.
+"""Thread settings for a small, shared CPU: Numba's threads, the BLAS libraries, the cores.
 
 With the numba backend every part of a training step runs on Numba's one pool of threads:
 the fused kernels split their work themselves (``prange``), and the linear layers cut their
 rows into chunks that the threads multiply side by side (``kernels/linear.py``), each chunk a
-single-threaded BLAS call. A second pool must then stay idle: left at its default, OpenBLAS
-starts one thread per core, and its threads keep spinning between calls, taking the cores the
-Numba threads want. Measured on 2 cores, before the linear layers moved onto Numba's threads,
-a training step of the chapter's model took 242 ms with both pools on 2 threads against
-122 ms with BLAS on one thread (``benchmarks/README.md``).
+single-threaded BLAS call. Three settings keep those threads from hurting on a machine that
+runs other work too (``benchmarks/README.md`` has the measurements behind each):
 
-* :func:`set_blas_threads` sets the thread count of every OpenBLAS loaded in the process, at
-  run time, without the environment variable that only works before NumPy is imported. The
-  command line runs BLAS on one thread; library users on the numba backend should too.
+* :func:`use_cores`, the numba backend's thread settings (``backend.py`` calls it before any
+  kernel runs): Numba's threads wait for work asleep, not spinning, and there are as many as
+  the cores this process may use. A step is a few dozen parallel regions, each ending with a
+  wait for the slowest thread. A thread that spins through that wait holds a core that
+  another process needs, or that the very thread it waits for needs: beside one other busy
+  process, a step on two spinning threads was slower than on one thread.
 * :func:`blas_on_calling_thread` is what the kernels use around their calls: NumPy's BLAS,
   which the kernels call, and SciPy's (their fallback, and Numba's ``np.dot``), run each call
-  on the thread that makes it.
+  on the thread that makes it: no BLAS threads inside Numba's.
+* :func:`set_blas_threads` sets the thread count of every OpenBLAS loaded in the process, at
+  run time, without the environment variable that only works before NumPy is imported. The
+  command line runs BLAS on one thread.
 """
 
 from __future__ import annotations
@@ -22,11 +25,18 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import math
 import os
+from collections.abc import MutableMapping
+from pathlib import Path
 
 # OpenBLAS builds name the setter differently: plain, scipy-openblas, 64-bit-integer variants
 _SETTERS = ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_",
             "scipy_openblas_set_num_threads", "openblas_set_num_threads64_")
+# What an OpenMP runtime reads when it loads about how its threads wait for the next parallel
+# region: the standard variable, GNU libgomp's spin count, LLVM's and Intel's block time
+WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def _loaded_openblas() -> list[str]:
@@ -39,12 +49,84 @@ def _loaded_openblas() -> list[str]:
         return []
 
 
-def available_cores() -> int:
-    """The CPU cores this process may run on (Numba's default thread count)."""
+def _quota_cores(quota: str, period: str) -> int | None:
+    """``ceil(quota / period)`` of a control group's CPU limit, or None where it sets none."""
     try:
-        return len(os.sched_getaffinity(0))
+        q, p = int(quota), int(period)
+    except ValueError:  # "max": no limit
+        return None
+    return max(1, math.ceil(q / p)) if q > 0 and p > 0 else None
+
+
+def cgroup_cores(root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cgroup")
+                 ) -> int | None:
+    """The cores that the CPU quota of this process's control group allows (a container's
+    ``--cpus``), or None where no quota is set or none can be read.
+
+    Reads cgroup v2's ``cpu.max`` and v1's ``cpu.cfs_quota_us`` and ``cpu.cfs_period_us``, in
+    the group that ``proc_cgroup`` names and in every group above it: the smallest counts.
+    """
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, group = line.split(":", 2)
+        if controllers == "":  # v2: one hierarchy, one file
+            base, names = root, ("cpu.max",)
+        elif "cpu" in controllers.split(","):  # v1: the cpu controller's hierarchy
+            base, names = root / controllers, ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+        else:
+            continue
+        folder = base / group.lstrip("/")
+        for parent in (folder, *folder.parents):
+            try:
+                values = " ".join((parent / name).read_text() for name in names).split()
+            except OSError:
+                values = []
+            if len(values) == 2:
+                limits.append(_quota_cores(*values))
+            if parent == base:
+                break
+    limits = [n for n in limits if n is not None]
+    return min(limits) if limits else None
+
+
+def available_cores() -> int:
+    """The CPU cores this process may use: those it may run on (its affinity), at most as
+    many as its control group's CPU quota allows (:func:`cgroup_cores`)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cgroup_cores()
+    return cores if quota is None else min(cores, quota)
+
+
+def use_cores(environ: MutableMapping[str, str] | None = None) -> int:
+    """Set Numba's threads up for a machine that runs other work too; returns their count.
+
+    * Waiting threads sleep: ``OMP_WAIT_POLICY=PASSIVE`` for the OpenMP runtime of Numba's
+      threading layer, unless the environment sets one of ``WAIT_VARIABLES`` itself. The
+      runtime reads it when it loads, which is when Numba first starts its threads: this
+      must run before (the numba backend calls it when it is built); later, only the count
+      changes.
+    * As many threads as :func:`available_cores`, unless ``NUMBA_NUM_THREADS`` is set.
+
+    Parameters
+    ----------
+    environ : mapping, optional
+        The environment to read and set; default ``os.environ``.
+    """
+    import numba
+
+    environ = os.environ if environ is None else environ
+    if not any(name in environ for name in WAIT_VARIABLES):
+        environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    if "NUMBA_NUM_THREADS" not in environ:
+        numba.set_num_threads(min(numba.config.NUMBA_NUM_THREADS, available_cores()))
+    return numba.get_num_threads()
 
 
 def set_blas_threads(n: int) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -25,14 +24,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .backend import Backend, get_backend
-from .compile_ahead import compile_ahead
 from .data import get_batch
 from .optim import clip_grad_norm, global_norm
-
-# The kernels' two tiers (kernels/_tiers.py): a step boundary is where a run's kernels may go
-# parallel, and the progress line says which tier runs. Looked up, not imported: a run on the
-# numpy backend loads no Numba
-_TIERS = f"{__package__}.kernels._tiers"
 
 
 class Batch(NamedTuple):
@@ -128,21 +121,8 @@ class Trainer:
         self.model.backward(dlogits)
         return loss
 
-    def step(self, batch: Batch, steps_left: int | None = None) -> StepRecord:
+    def step(self, batch: Batch) -> StepRecord:
         """One full optimisation step; returns its log record.
-
-        Its start is a step boundary: kernels whose parallel tier a background process has
-        compiled meanwhile run it from here on (``kernels/_tiers.py``). Before the trainer's
-        first step, on an empty Numba cache, a worker process compiles the largest kernels
-        while this one compiles the others (``compile_ahead.py``).
-
-        Parameters
-        ----------
-        batch : Batch
-        steps_left : int, optional
-            The steps the run makes from this one on, this one included, where the caller
-            knows them (the command line, :meth:`fit`): a run about to end then starts no
-            background compile of the parallel tier, which its end would only kill.
 
         Raises
         ------
@@ -150,14 +130,6 @@ class Trainer:
             If the loss or a gradient is not finite (nothing is updated then).
         """
         start = time.perf_counter()
-        tiers = sys.modules.get(_TIERS)
-        if tiers is not None:
-            tiers.poll(steps_left)
-        if self.step_count == 0:  # on an empty Numba cache: the kernels in two processes
-            failed = compile_ahead(self.model, batch)
-            if failed not in (None, "compiled"):
-                warnings.warn(f"{failed}; the step compiles what it left", RuntimeWarning,
-                              stacklevel=2)
         step = self.step_count + 1
         loss = self.loss_and_grads(batch)
         params, grads = self.named_arrays()
@@ -185,8 +157,8 @@ class Trainer:
         """Run one step per batch (``total`` of them, for the progress line); call ``on_step``
         after each step. Returns the loss log."""
         bar = ProgressBar(total) if progress else None
-        for i, batch in enumerate(batches):
-            record = self.step(batch, steps_left=total - i)
+        for batch in batches:
+            record = self.step(batch)
             if bar:
                 bar.update(record)
             if on_step:
@@ -221,9 +193,7 @@ def _tensor_stats(step: int, params: dict, grads: dict, before: dict) -> dict:
 
 class ProgressBar:
     """A one-line progress display: step, loss, learning rate, gradient norm (marked ``*``
-    where it was clipped, with the count so far), smoothed tokens/s, time and the time left,
-    and on the numba backend the kernels' tier ("kernels: serial, parallel compiling in the
-    background").
+    where it was clipped, with the count so far), smoothed tokens/s, time and the time left.
 
     On a terminal it redraws in place, through ``tqdm`` where that is installed (its bar, rate
     and time, these numbers after it); elsewhere (logs, CI) it prints a plain line every ~10%.
@@ -272,16 +242,12 @@ class ProgressBar:
         clip_text = f" ({self.clipped} clipped)" if self.clip is not None else ""
         status = (f"loss {r.loss:.4f} lr {r.lr:.2e} |g| {r.grad_norm:.3f}"
                   f"{'*' if clipped else ' '}{clip_text} {self.rate:,.0f} tok/s")
-        tiers = sys.modules.get(_TIERS)
-        kernels = tiers.describe() if tiers is not None else ""
         if self.tqdm is not None:  # tqdm draws the bar, the rate of steps and the times
             self.tqdm.update(done - self.tqdm.n)
-            self.tqdm.set_postfix_str(status + (f", {kernels}" if kernels else ""))
+            self.tqdm.set_postfix_str(status)
             return
         text = (f"[{'#' * filled}{'.' * (self.width - filled)}] step {r.step}/{self.total} "
                 f"{status} {elapsed:.0f}s, {left:.0f}s left")
-        if kernels:
-            text += f", {kernels}"
         if self.tty:
             self.stream.write("\r" + text + "\x1b[K")  # and clear what a longer line left
             self.stream.flush()

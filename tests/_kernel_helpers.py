@@ -1,7 +1,7 @@
 """Shared by the tests of the row-chunked kernels (``kernels/linear.py``,
 ``kernels/feedforward.py``, ``kernels/head_loss.py``): tolerances, the relative error, the
 gradients' comparison, the two-thread marker; the way a test calls a helper of the compiled
-kernels, and the start of a script that counts what a fresh process compiles."""
+kernels."""
 
 from __future__ import annotations
 
@@ -37,26 +37,3 @@ def from_python(helper):
     """``helper``, a helper of the compiled kernels (``kernels/_jit.py``: built without a
     wrapper for calls from Python), callable from Python: through a compiled function."""
     return numba.njit(lambda *args: helper(*args))
-
-
-# The start of a script: ``compiled`` collects the name of every function compiled (the serial
-# tier's is the kernel's with "__serial"; kernels/_tiers.py)
-COUNTING = r"""
-import json, sys
-import numba
-import numpy as np
-from numba.core import event
-
-compiled = []
-
-
-class Count(event.Listener):
-    def on_start(self, ev):
-        pass
-
-    def on_end(self, ev):
-        compiled.append(ev.data["dispatcher"].py_func.__qualname__)
-
-
-event.register("numba:compile", Count())
-"""

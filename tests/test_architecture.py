@@ -30,7 +30,7 @@ LAYERS = (
     ("nn",),  # modules and models
     ("optim", "schedules", "train", "generate", "sampling", "checkpoint", "gradcheck", "bpe",
      "gradcheck_tables", "data", "tasks", "corpus", "interop", "plots", "export",
-     "torch_twins", "compile_ahead"),  # built on nn
+     "torch_twins", "compile_kernels"),  # built on nn
     ("runs", "bench"),  # training runs on disk; the benchmarks the command line runs
     ("cli", "cli_parser", "__main__"),  # the command line: its commands, its parser
 )

@@ -1,12 +1,13 @@
-"""The benchmark's bookkeeping (``numpy_transformer.bench.train_step``): which workers a run
-starts, the model each configuration builds and its FLOP count. The timing itself is in
-``benchmarks/``, never in a test; ``test_cli.py`` runs ``bench --quick`` end to end."""
+"""The benchmark's bookkeeping (``numpy_transformer.bench.train_step``, ``.real_machine``):
+which workers a run starts, the model each configuration builds and its FLOP count, the
+competing processes and the busy machine's warning. The timing itself is in ``benchmarks/``,
+never in a test; ``test_cli.py`` runs ``bench --quick`` end to end."""
 
 from __future__ import annotations
 
 import pytest
 
-from numpy_transformer.bench import configs, train_step
+from numpy_transformer.bench import configs, real_machine, train_step
 from numpy_transformer.config import BENCH_CONFIGS
 from numpy_transformer.nn import LSTMLM, DecoderLM
 
@@ -75,20 +76,39 @@ def test_the_summary_prints_the_fraction_of_the_products_rate(capsys):
     assert "| effective GFLOP/s | 50.0 | 25.0 |" in out
 
 
-def test_a_timed_process_runs_the_kernels_parallel_tier(monkeypatch):
-    """A measured step never runs the serial tier, nor beside a background compiler."""
+def test_a_timed_process_sets_its_threads_after_the_backend_and_keeps_freed_memory(
+        monkeypatch):
+    """The numba backend's threads set up first (its hook), then the count asked for."""
     import numba
 
-    from numpy_transformer import allocator
-    from numpy_transformer.kernels import _tiers
+    from numpy_transformer import allocator, backend
 
-    kept = []
+    kept, built = [], []
     monkeypatch.setattr(allocator, "reuse_freed_memory", lambda: kept.append(True))
+    monkeypatch.setattr(backend, "get_backend", lambda name: built.append(
+        (name, numba.get_num_threads())))
     threads = numba.get_num_threads()
     try:
         train_step.steady_state(1)
-        assert _tiers._state.mode == _tiers.PARALLEL and numba.get_num_threads() == 1
+        assert built == [("numba", threads)] and numba.get_num_threads() == 1
         assert kept == [True]  # freed memory kept, as the command line keeps it
     finally:
-        _tiers.set_tier(_tiers.AUTO)
         numba.set_num_threads(threads)
+
+
+def test_competing_processes_run_for_the_block_only():
+    with real_machine.competing(2) as loops:
+        assert len(loops) == 2 and all(loop.poll() is None for loop in loops)
+    assert all(loop.returncode is not None for loop in loops)  # ended and waited for
+    with real_machine.competing(0) as loops:
+        assert loops == []
+
+
+def test_a_busy_machine_is_warned_about_in_one_line():
+    import os
+
+    used = real_machine.cores_in_use(0.2)
+    assert 0.0 <= used <= (os.cpu_count() or 1) + 1e-9
+    assert real_machine.busy_line(0.0) is None
+    line = real_machine.busy_line(1.5)
+    assert "\n" not in line and "busy" in line and "not comparable" in line

@@ -281,6 +281,7 @@ BAD_ARGS = {
     "gradcheck tol": (["gradcheck", "--tol", "-1"], "positive number"),
     "bench config": (["bench", "--config", "everything"], "invalid choice"),
     "bench threads": (["bench", "--threads", "0"], "positive integer"),
+    "bench busy": (["bench", "--busy", "-1"], "integer >= 0"),
 }
 
 

@@ -449,7 +449,7 @@ def test_bench(runs_made, monkeypatch, argv, environment):
     from numpy_transformer.threads import available_cores
 
     calls = []
-    monkeypatch.setattr(summary, "run", lambda config, threads, quick: calls.append(
+    monkeypatch.setattr(summary, "run", lambda config, threads, quick, busy: calls.append(
         (config, threads)))
 
     def check(argv, out, folder):

@@ -62,7 +62,7 @@ def test_few_rows_take_the_reference_path_bit_for_bit():
 @multi_thread
 @pytest.mark.parametrize("c_out, backward", [(24, "_backward_kernel"),
                                              (fast._WIDE_COLUMNS + 37, "_backward_wide_kernel")])
-def test_one_thread_and_two_give_the_same_bits(monkeypatch, parallel_tier, c_out, backward):
+def test_one_thread_and_two_give_the_same_bits(monkeypatch, c_out, backward):
     x, w, b, g = _problem((8, 200, 16), c_out, np.float32)  # 1600 rows: 4 chunks
     calls = []
 

@@ -66,8 +66,8 @@ def stop_at(monkeypatch, k, signum=signal.SIGINT):
     """Deliver a real ``signum`` to this process right after update ``k``."""
     original = Trainer.step
 
-    def step(self, batch, steps_left=None):
-        record = original(self, batch, steps_left)
+    def step(self, batch):
+        record = original(self, batch)
         if record.step == k:
             signal.raise_signal(signum)
         return record

@@ -18,7 +18,7 @@ PACKAGE = Path(numpy_transformer.__file__).parent
 ORDER = ("outputs", "options", "environment", "folder", "state", "stored", "sources",
          "init_from", "importing",
          "sample", "evaluate",
-         "precompile", "export", "report", "tensorboard", "loop")
+         "export", "report", "tensorboard", "loop")
 # What cli.py may import when it is loaded: the standard library and these light modules.
 CLI_TOP_LEVEL = {"numpy_transformer", "numpy_transformer._version", "numpy_transformer.allocator",
                  "numpy_transformer.cli_parser",

@@ -114,8 +114,8 @@ def test_a_second_signal_during_the_save_is_not_a_traceback(tiny_run, tmp_path, 
     the save it starts. The save completes and the run resumes from it."""
     step = Trainer.step
 
-    def step_then_signal(self, batch, steps_left=None):
-        record = step(self, batch, steps_left)
+    def step_then_signal(self, batch):
+        record = step(self, batch)
         if record.step == 2:
             signal.raise_signal(signum)
         return record

@@ -5,6 +5,8 @@
   is its long form).
 * :mod:`.cold_start` -- the first training step on an empty Numba cache, in a fresh process
   (``benchmarks/bench_cold_start.py`` adds import times and the compile time per kernel).
+* :mod:`.real_machine` -- threads beside competing processes, and the first run after install
+  (``numpy-transformer bench --busy N``; ``benchmarks/bench_real_machine.py`` is all of it).
 * :mod:`.configs` -- the configurations, and the matrix products of their steps (the FLOP
   count of the effective GFLOP/s).
 * :mod:`.sgemm` -- the machine's float32 matrix-product rate, square and at the step's own

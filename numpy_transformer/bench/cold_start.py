@@ -1,20 +1,20 @@
-"""The first training step on an empty Numba cache: what a new user waits for.
+"""The first training step on an empty Numba cache: what a user waits for whose kernels were
+not compiled at install (an editable install, a wheel built on another CPU).
 
 "Cold" means an empty Numba cache: the measurement runs in a fresh process whose
 ``NUMBA_CACHE_DIR`` is a new, empty temporary folder (deleted afterwards), so nothing compiled
-before can be loaded; the user's own cache is left alone. "Warm" runs the same process again
-on the cache the cold run filled: it must load everything and compile nothing. The step is the
-default ``numpy-transformer train``'s (the chapter's model, float32, batch 64 x 100; or, with
+before can be loaded, not even what the install compiled; the user's own cache is left alone.
+"Warm" runs the same process again on the cache the cold run filled: it must load everything
+and compile nothing, as a first step after ``pip install .`` does. The step is the default
+``numpy-transformer train``'s (the chapter's model, float32, batch 64 x 100; or, with
 ``model="lstm"``, that of ``train --model lstm``), timed from building the model to the end of
-``Trainer.step``, which on a cold cache compiles its kernels in two processes first
-(``numpy_transformer/compile_ahead.py``): the library's first step, which the command line's
-is too, its held-out evaluation and sample compiled ahead besides.
+``Trainer.step``.
 
 * :func:`first_steps` -- the cold and the warm first step, and the second step after a warm
   start, each in a fresh process.
 * :func:`compile_times` -- where the cold first step's compile time goes: the seconds of every
   function compiled, per signature, without the functions it compiled inside it (Numba's
-  event API, ``numba.core.event``), all in one process (no compile ahead).
+  event API, ``numba.core.event``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from numpy_transformer.runs.state import Run
 config_fields, options = resolve_options("lm", {"steps": 2, "model": MODEL})
 run = Run(config_fields, options)
 built = time.perf_counter()
-run.trainer.step(run.batch(0))  # on a cold cache: compiles ahead, in two processes
+run.trainer.step(run.batch(0))  # on a cold cache: compiles every kernel it calls
 first = time.perf_counter()
 run.trainer.step(run.batch(1))
 second = time.perf_counter()
@@ -80,8 +80,6 @@ class Timer(event.Listener):
             stack[-1][1] += seconds
 
 event.register("numba:compile", Timer())
-from numpy_transformer.kernels import _tiers
-_tiers.set_background(False)  # every kernel compiled here: no worker takes a share
 from numpy_transformer.runs.options import resolve_options
 from numpy_transformer.runs.state import Run
 config_fields, options = resolve_options("lm", {"steps": 1})

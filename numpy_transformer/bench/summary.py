@@ -12,13 +12,16 @@ For one configuration of :mod:`.train_step` (the chapter's model by default) it 
   the cache that filled (:mod:`.cold_start`), PyTorch's;
 * each worker's peak resident memory.
 
-Without PyTorch the PyTorch column says so and the rest is printed all the same.
+Without PyTorch the PyTorch column says so and the rest is printed all the same. With
+``busy`` (``bench --busy N``) it prints instead the threads table of :mod:`.real_machine`: ours
+and PyTorch's step on the default threads and on one, beside N competing CPU-bound processes.
+Either way, a line warns when the machine was busy before the benchmark started.
 """
 
 from __future__ import annotations
 
 from ..threads import available_cores
-from . import cold_start, train_step
+from . import cold_start, real_machine, train_step
 from .configs import CONFIGS, model_kind, step_flops
 from .machine import machine_lines
 from .sgemm import products_gflops, sgemm_gflops
@@ -27,7 +30,8 @@ QUICK = dict(warmup=1, steps=4, rounds=2)
 FULL = dict(warmup=3, steps=20, rounds=4)
 
 
-def run(config: str = "chapter", threads: int | None = None, quick: bool = False) -> None:
+def run(config: str = "chapter", threads: int | None = None, quick: bool = False,
+        busy: int | None = None) -> None:
     """Measure and print the table (see the module docstring).
 
     Parameters
@@ -38,6 +42,9 @@ def run(config: str = "chapter", threads: int | None = None, quick: bool = False
         Threads for both frameworks (default: every core this process may use).
     quick : bool
         A few steps instead of twenty: a check that everything runs, numbers for a glance.
+    busy : int, optional
+        Competing CPU-bound processes: the threads table instead (``threads`` is then the
+        default count, every core).
 
     Raises
     ------
@@ -60,7 +67,11 @@ def run(config: str = "chapter", threads: int | None = None, quick: bool = False
           f"context {cfg['context']}, float32, "
           f"{threads} thread(s); median of {counts['steps']} steps after {counts['warmup']} "
           f"warm-up", flush=True)
-    print("\n".join(machine_lines()), flush=True)
+    warning = real_machine.busy_line(real_machine.cores_in_use())
+    print("\n".join(machine_lines() + ([warning] if warning else [])), flush=True)
+    if busy is not None:
+        real_machine.print_thread_rows(real_machine.thread_table(config, busy, **counts))
+        return
     starts = cold_start.first_steps(model=model_kind(cfg))
     variants = [("ours", "numba", threads, threads)]
     if torch:

@@ -46,14 +46,14 @@ variant's first loss, which must agree across frameworks.
 The main process asks the workers in turn for a few steps at a time (``--rounds`` rounds), so
 a burst of load from other jobs hits every variant alike. A step is timed with
 ``time.perf_counter`` around the whole step; the table gives the median over all measured
-steps after ``--warmup`` warm-up steps (which also load the kernels' parallel tier, or
-compile it where the cache lacks it: :func:`steady_state`), the
-ratio ours / torch at the same thread count, and the effective GFLOP/s (:func:`step_flops`
-over the median step) as a fraction of the rate of the step's own matrix products on this
-machine's BLAS, measured in the same run before, between and after the rounds, while the
-workers wait (:mod:`.sgemm`; their median; the square 1024^3 rate beside it). The head of
-the output names the CPU, its SIMD level and the BLAS kernels (:mod:`.machine`), with a
-warning when those are older than the CPU. Peak RSS is ``ru_maxrss`` of each worker.
+steps after ``--warmup`` warm-up steps (which also load the kernels, or compile them where
+the cache lacks them), the ratio ours / torch at the same thread count, and the effective
+GFLOP/s (:func:`step_flops` over the median step) as a fraction of the rate of the step's own
+matrix products on this machine's BLAS, measured in the same run before, between and after
+the rounds, while the workers wait (:mod:`.sgemm`; their median; the square 1024^3 rate
+beside it). The head of the output names the CPU, its SIMD level and the BLAS kernels
+(:mod:`.machine`), with a warning when those are older than the CPU. Peak RSS is
+``ru_maxrss`` of each worker.
 """
 
 from __future__ import annotations
@@ -99,19 +99,17 @@ def _model(config: dict, **overrides):
 
 
 def steady_state(threads: int) -> None:
-    """Set up a process that times our steps: ``threads`` Numba threads, freed memory kept
-    for the next step as the command line keeps it (``numpy_transformer/allocator.py``), and
-    every kernel on its parallel tier (``kernels/_tiers.py``), compiled in the warm-up where
-    the cache lacks it. A measured step then never runs the serial tier, nor beside the
-    background compiler that the default tier starts at the second step on such a cache."""
+    """Set up a process that times our steps: the numba backend's threads (``backend.py``'s
+    hook), ``threads`` of them, and freed memory kept for the next step as the command line
+    keeps it (``numpy_transformer/allocator.py``)."""
     import numba
 
     from ..allocator import reuse_freed_memory
-    from ..kernels._tiers import PARALLEL, set_tier
+    from ..backend import get_backend
 
+    get_backend("numba")  # its threads set up first (backend.start_numba), then their count
     numba.set_num_threads(threads)
     reuse_freed_memory()
-    set_tier(PARALLEL)
 
 
 def _ours_step(config: dict, backend: str, threads: int):

@@ -43,10 +43,10 @@ accumulators, so no two threads ever add into the same memory; a head is split i
 chunks of query blocks only when there are few (batch, head) pairs (fewer than
 ``attention._BACKWARD_ITEMS``: a count of the shape, never of the threads), and the chunks'
 partial sums are added at the end, in order. So both passes give the same bits on any number of
-threads, and serial and parallel alike (``kernels/_tiers.py``). Work items are handed out H at
-a time (``numba.parallel_chunksize(H)``): one thread then writes all heads of a row, which sit
-side by side in the (B, T, H, D) outputs (two threads writing alternate heads fought over the
-same cache lines), and the long rows at the bottom of a causal triangle do not all land on one
+threads (``tests/test_threads.py``). Work items are handed out H at a time
+(``numba.parallel_chunksize(H)``): one thread then writes all heads of a row, which sit side by
+side in the (B, T, H, D) outputs (two threads writing alternate heads fought over the same
+cache lines), and the long rows at the bottom of a causal triangle do not all land on one
 thread.
 
 ``exp`` is written out (``special.exp_clamped``) because without Intel's SVML library Numba
@@ -67,10 +67,9 @@ import math
 
 import numba
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from ._jit import helper, jit_options
-from ._tiers import tiered
 from .blas import gemm
 from .special import exp_clamped
 
@@ -310,7 +309,7 @@ def _queries_product(e_t, x, out, i0, n, t_q, t_k, causal, fn):
 # Forward
 # ---------------------------------------------------------------------------------------------
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, bias, bstr,
                          has_bias, n_threads, fn, out, lse):  # pragma: no cover - compiled
     # Equations (1)-(5) of functional/attention.sdpa_forward, one query block per work item.
@@ -411,7 +410,7 @@ def _row_terms(lse, do_blk, out, n, lse_hi, lse_lo, delta):
         delta[r] = total
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, mstr,
                           has_mask, bias, bstr, has_bias, n_threads, n_chunks, fn,
                           dq, dk, dv, dk_part, dv_part):  # pragma: no cover - compiled

@@ -1,38 +1,45 @@
-"""The Numba options every compiled function of ``numpy_transformer/kernels`` starts from, and
-the rule that keeps their on-disk cache fresh.
+"""The Numba options every compiled function of ``numpy_transformer/kernels`` starts from, the
+rule that keeps their on-disk cache fresh, and the one place this package leans on parts of
+Numba that Numba does not document (:data:`NUMBA_PRIVATE`).
 
-* ``cache=True``: compiled once per machine, then loaded from Numba's cache
-  (``tests/test_compile_cache.py`` holds a second process to compiling nothing).
+* ``cache=True``: compiled once per machine, when the package is installed
+  (``numpy_transformer/compile_kernels.py``) or on a kernel's first call, then loaded from
+  Numba's cache (``tests/test_compile_cache.py`` holds a second process to compiling nothing).
 * ``nogil=True``: a kernel releases the GIL, so Python threads can run beside it.
 * ``no_cfunc_wrapper=True``: Numba otherwise builds, next to each function, a wrapper that C
   code could call by address. Nothing here calls a kernel that way, and each such wrapper was
-  compiled, then linked and optimised again into every kernel calling the function: leaving
-  them out took 1.2 s off the first training step on an empty cache (``benchmarks/README.md``),
-  and the compiled kernels are the same.
+  compiled, then linked and optimised again into every kernel calling the function; the
+  compiled kernels are the same without them.
+
+A kernel that splits its work over threads (``prange``) is compiled with ``parallel=True``
+as well: ``@njit(parallel=True, **_JIT)``. Every such kernel splits its work by rows, blocks or
+heads, never by the thread count, and adds the items' partial sums in order afterwards, so
+its results are the same bit for bit on any number of threads (``tests/test_threads.py``).
 
 A function that only compiled code calls is a :func:`helper` (``@helper(_JIT)``): built
-without the other wrapper too, the one that lets Python call a function. Numba makes, optimises
-and compiles to machine code one for each function and signature: leaving them out of the 30
-helpers took about 0.9 s off the default run's first step on an empty cache, compiled in one
-process (10.7-11.3 s to 9.8-10.1 s, ``benchmarks/README.md``); the kernels that call them are
-the same. A helper called from Python raises ``TypeError`` instead of running code that is not
-there (the tests call the helpers they check through a compiled function of their own).
+without the other wrapper too, the one that lets Python call a function, which Numba would
+otherwise make, optimise and compile for each function and signature; the kernels that call
+the helpers are the same. A helper called from Python raises ``TypeError`` instead of running
+code that is not there (the tests call the helpers they check through a compiled function of
+their own).
 
 When the cache is stale
 -----------------------
-Numba decides whether a cached function is still valid from its own source file alone (a hash
-of the file's content). But a kernel compiles into itself the functions it calls from other
-files: ``gemm`` (``blas.py``) and the ``exp`` of ``special.py``, with the options of this file.
-Edit one of those and Numba would go on loading the kernels built from the old text (a known
-limitation of its cache, numba/numba#1833). So every function of this folder is cached under a
-stamp of its own file *and* of ``SHARED_SOURCES``: :class:`KernelCacheLocator`, which this
+Numba decides whether a cached function is still valid from its own source file alone. But a
+kernel compiles into itself the functions it calls from other files: ``gemm`` (``blas.py``)
+and the ``exp`` of ``special.py``, with the options of this file. Edit one of those and Numba
+would go on loading the kernels built from the old text (a known limitation of its cache,
+numba/numba#1833). So every function of this folder is cached under a stamp of its own file
+*and* of ``SHARED_SOURCES``, hashes of their contents: :class:`KernelCacheLocator`, which this
 module puts first in Numba's list of cache locators when it is imported (before any kernel is
 decorated: every kernel module imports it first). It keeps Numba's choice of cache folder
-(``NUMBA_CACHE_DIR``, the ``__pycache__`` beside the file, or the user's cache) and only widens
-the stamp; functions outside this folder are left to Numba's own locators. Editing a shared
-file therefore recompiles every kernel on the next run, as editing a kernel's own file
-recompiles that file's functions. (With ``NUMBA_CACHE_LOCATOR_CLASSES`` set, Numba uses the
-locators it names instead, and this rule does not apply.)
+(``NUMBA_CACHE_DIR``, the ``__pycache__`` beside the file, or the user's cache) and replaces
+only the stamp, which holds no file time and no path: a cache compiled at install time in the
+build folder holds in the installed copy. Functions outside this folder are left to Numba's
+own locators. Editing a shared file therefore recompiles every kernel on the next run, as
+editing a kernel's own file recompiles that file's functions. (With
+``NUMBA_CACHE_LOCATOR_CLASSES`` set, Numba uses the locators it names instead, and this rule
+does not apply.)
 """
 
 from __future__ import annotations
@@ -48,6 +55,24 @@ from numba.core import caching
 from numba.core.registry import CPUDispatcher
 
 from ..config import KERNEL_MODULES
+
+# What of Numba this module relies on that Numba does not document, by dotted name (the first
+# of a pair that resolves), and what for. Nothing else in the package touches any of it, and
+# tests/test_compile_cache.py fails when Numba changes one
+NUMBA_PRIVATE = {
+    "numba.core.caching._CacheLocator": "the base class of KernelCacheLocator, and the five "
+    "methods it defines: ensure_cache_path, get_cache_path, get_source_stamp, "
+    "get_disambiguator, from_function",
+    "numba.core.caching.CacheImpl._locator_classes | numba.core.caching._CacheImpl."
+    "_locator_classes": "the list of locator classes Numba tries in order (named "
+    "_CacheImpl before Numba 0.68)",
+    "numba.core.caching.CacheImpl.locator | numba.core.caching._CacheImpl.locator":
+    "a kernel's locator; its _py_file names the file in Numba's warning that it cannot cache",
+    "numba.core.registry.CPUDispatcher": "the class of a dispatcher, which CompiledOnly "
+    "subclasses and helper() assigns to one",
+    "numba.core.options.DefaultOptions.no_cfunc_wrapper": "an option of njit (jit_options)",
+    "numba.core.options.DefaultOptions.no_cpython_wrapper": "an option of njit (helper)",
+}
 
 _FOLDER = Path(__file__).resolve().parent
 # The files whose compiled functions or options may go into kernels of other files: every file
@@ -82,20 +107,19 @@ def helper(options: dict) -> Callable[[types.FunctionType], CompiledOnly]:
     return compile_only
 
 
-def shared_stamp() -> bytes:
-    """SHA-256 of the contents of ``SHARED_SOURCES``, read now."""
+def source_stamp(path: Path) -> bytes:
+    """SHA-256 of the contents of ``path`` and of ``SHARED_SOURCES``, read now."""
     digest = hashlib.sha256()
-    for name in SHARED_SOURCES:
-        path = _FOLDER / name
-        stat = path.stat()
-        digest.update(_file_digest(str(path), stat.st_mtime_ns, stat.st_size))
+    for file in (Path(path), *(_FOLDER / name for name in SHARED_SOURCES)):
+        stat = file.stat()
+        digest.update(_file_digest(str(file), stat.st_mtime_ns, stat.st_size))
     return digest.digest()
 
 
 @functools.cache
 def _file_digest(path: str, mtime_ns: int, size: int) -> bytes:
     # keyed on the file's time and size as well, so that a file edited while this process
-    # runs is read again
+    # runs is read again; the digest itself is of the contents alone
     return hashlib.sha256(Path(path).read_bytes()).digest()
 
 
@@ -105,10 +129,10 @@ _CacheImpl = getattr(caching, "CacheImpl", None) or caching._CacheImpl
 
 class KernelCacheLocator(caching._CacheLocator):
     """Numba's cache locator for a function of this folder: the locator Numba would pick
-    (``inner``), with :func:`shared_stamp` joined to its source stamp."""
+    (``inner``), with :func:`source_stamp` for its stamp."""
 
-    def __init__(self, inner: caching._CacheLocator) -> None:
-        self._inner = inner
+    def __init__(self, inner: caching._CacheLocator, py_file: str) -> None:
+        self._inner, self._file = inner, py_file
 
     @classmethod
     def from_function(cls, py_func, py_file):
@@ -121,7 +145,7 @@ class KernelCacheLocator(caching._CacheLocator):
         for other in _CacheImpl._locator_classes:
             inner = None if other is cls else other.from_function(py_func, py_file)
             if inner is not None:
-                return cls(inner)
+                return cls(inner, py_file)
         return None
 
     def ensure_cache_path(self):
@@ -134,13 +158,13 @@ class KernelCacheLocator(caching._CacheLocator):
         return self._inner.get_disambiguator()
 
     def get_source_stamp(self):
-        return self._inner.get_source_stamp(), shared_stamp()
+        return source_stamp(Path(self._file))
 
     @property
     def _py_file(self) -> str:
         # the file Numba's warning names when it cannot cache a function (dynamic globals);
         # without it that warning raised AttributeError and stopped the compile
-        return self._inner._py_file
+        return self._file
 
 
 if KernelCacheLocator not in _CacheImpl._locator_classes:

@@ -28,7 +28,6 @@ from numba import njit, prange
 
 from .._checks import check_shaped
 from ._jit import helper, jit_options
-from ._tiers import tiered
 from ._validate import check_kernel_float
 from .special import exp_clamped, exp_shifted
 
@@ -68,13 +67,13 @@ def _dx_of_x(dout: np.ndarray, x: np.ndarray, kernel_f32, kernel_f64) -> np.ndar
 
 
 # ----------------------------------------------------------------------------- ReLU
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _relu_forward_kernel(x, out):  # pragma: no cover - compiled
     for i in prange(x.size):
         out[i] = 0 if x[i] <= 0 else x[i]  # out = max(x, 0); NaN stays NaN, as np.maximum
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _relu_backward_kernel(dout, out, dx):  # pragma: no cover - compiled
     for i in prange(out.size):
         # dx = dout [x > 0] = dout [out > 0] (0 * NaN stays NaN)
@@ -142,14 +141,14 @@ def _erf_f32_array(x, out):  # pragma: no cover - compiled
         out[i] = _erf_f32(x[i])
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _gelu_forward_f64(x, out, x_own):  # pragma: no cover - compiled
     for i in prange(x.size):
         out[i] = 0.5 * x[i] * (1.0 + math.erf(x[i] * _INV_SQRT2))  # x Phi(x)
         x_own[i] = x[i]  # the cache's copy
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _gelu_backward_f64(dout, x, dx):  # pragma: no cover - compiled
     for i in prange(x.size):
         cdf = 0.5 * (1.0 + math.erf(x[i] * _INV_SQRT2))  # Phi(x)
@@ -157,7 +156,7 @@ def _gelu_backward_f64(dout, x, dx):  # pragma: no cover - compiled
         dx[i] = dout[i] * (cdf + x[i] * pdf)  # d/dx [x Phi(x)] = Phi + x phi
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _gelu_forward_f32(x, out, x_own):  # pragma: no cover - compiled
     half, one, c = np.float32(0.5), np.float32(1.0), np.float32(_INV_SQRT2)
     for i in prange(x.size):
@@ -165,7 +164,7 @@ def _gelu_forward_f32(x, out, x_own):  # pragma: no cover - compiled
         x_own[i] = x[i]  # the cache's copy
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _gelu_backward_f32(dout, x, dx):  # pragma: no cover - compiled
     half, one = np.float32(0.5), np.float32(1.0)
     c, c_pdf = np.float32(_INV_SQRT2), np.float32(_INV_SQRT_2PI)
@@ -211,7 +210,7 @@ def _tanh_f32(u):  # pragma: no cover - compiled
     return -t if u < 0 else t
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _gelu_tanh_forward_f64(x, out, x_own):  # pragma: no cover - compiled
     for i in prange(x.size):
         th = math.tanh(_K * (x[i] + _A * x[i] ** 3))  # tanh(u)
@@ -219,7 +218,7 @@ def _gelu_tanh_forward_f64(x, out, x_own):  # pragma: no cover - compiled
         x_own[i] = x[i]  # the cache's copy
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _gelu_tanh_backward_f64(dout, x, dx):  # pragma: no cover - compiled
     for i in prange(x.size):
         th = math.tanh(_K * (x[i] + _A * x[i] ** 3))  # the forward's tanh(u)
@@ -228,7 +227,7 @@ def _gelu_tanh_backward_f64(dout, x, dx):  # pragma: no cover - compiled
                            * (1.0 + 3.0 * _A * x[i] * x[i]))
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _gelu_tanh_forward_f32(x, out, x_own):  # pragma: no cover - compiled
     half, one, k, a = np.float32(0.5), np.float32(1.0), np.float32(_K), np.float32(_A)
     for i in prange(x.size):
@@ -237,7 +236,7 @@ def _gelu_tanh_forward_f32(x, out, x_own):  # pragma: no cover - compiled
         x_own[i] = x[i]  # the cache's copy
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _gelu_tanh_backward_f32(dout, x, dx):  # pragma: no cover - compiled
     half, one, k, a = np.float32(0.5), np.float32(1.0), np.float32(_K), np.float32(_A)
     three_a = np.float32(3.0 * _A)

@@ -27,13 +27,12 @@ from collections.abc import Sequence
 
 import numba
 import numpy as np
-from numba import types
+from numba import njit, types
 from numba.extending import intrinsic
 
 from .._checks import check_number, check_scalar
 from ..functional import adam as reference
 from ._jit import jit_options
-from ._tiers import tiered
 from ._validate import check_kernel_float
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
@@ -52,7 +51,7 @@ def _pointer_to(typingctx, address, like):
     return types.CPointer(like.dtype)(address, like), codegen
 
 
-@tiered(jit_options())
+@njit(parallel=True, **jit_options())
 def _adam_kernel(addresses, sizes, decay, l2, block_array, block_start, block_stop, w1, beta2,
                  w2, bc2_sqrt, eps, neg_step):  # pragma: no cover - compiled
     # addresses: (4, arrays) int64, the data of the k-th p, g, m, v in column k, each

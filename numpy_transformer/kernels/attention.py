@@ -244,7 +244,7 @@ def sdpa_backward(dout, cache: SDPAKernelCache):
     dout = np.ascontiguousarray(dout) if dout.flags.writeable else dout.copy()
     # at least _BACKWARD_ITEMS work items where the query blocks allow: one chunk per head
     # unless there are few heads. A count of the shape alone, not of the threads: the chunks'
-    # sums then give the same bits on any thread count, and on both tiers (kernels/_tiers.py)
+    # sums then give the same bits on any thread count
     n_blk = -(-t_q // _BLOCK_Q)
     n_chunks = max(1, min(n_blk, -(-_BACKWARD_ITEMS // (b * h))))
     dq, dk, dv = (_heads_view(b, h, t, d, dtype) for t in (t_q, t_k, t_k))

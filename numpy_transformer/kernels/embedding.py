@@ -24,7 +24,6 @@ from numba import njit, prange
 from .._checks import check_scalar, check_shaped
 from ..functional.embedding import EmbeddingCache, check_embedding_ids
 from ._jit import jit_options
-from ._tiers import tiered
 from ._validate import check_cache, check_consistent, check_kernel_float
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
@@ -33,7 +32,7 @@ __all__ = ['embeddings_forward', 'embeddings_backward', 'embedding_backward']
 _JIT = jit_options(error_model="numpy")
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _lookup_rows(ids, table, scale, positions, has_positions, out):  # pragma: no cover
     # ids: (N,) = (B T,) ; table: (V, C); positions: (T, C), unused without; out: (N, C)
     t_len = positions.shape[0]

@@ -45,7 +45,7 @@ from collections.abc import Callable
 
 import numba
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from .._checks import check_last_dim, check_shaped
 from ..functional import feedforward as reference
@@ -61,7 +61,6 @@ from ..threads import blas_on_calling_thread
 from . import activations
 from . import linear as fast_linear
 from ._jit import jit_options
-from ._tiers import tiered
 from ._validate import check_cache, check_consistent, check_kernel_float
 from .blas import gemm, gemm_address
 from .linear import _chunks, _use_reference
@@ -75,7 +74,7 @@ _JIT = jit_options()
 _MADE_AGAIN = ("gelu", "gelu_tanh")
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _forward_kernel(x, w1, b1, w2, b2, n_chunks, gemm_fn, x_own, h, out):  # pragma: no cover
     # x, x_own: (N, C), w1: (C, F), b1: (F,), w2: (F, C), b2: (C,) -> h: (N, F), out: (N, C)
     n = x.shape[0]
@@ -99,7 +98,7 @@ def _forward_kernel(x, w1, b1, w2, b2, n_chunks, gemm_fn, x_own, h, out):  # pra
                 oc[i, j] += b2[j]  # (3) + b2
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _backward_kernel(dout, x, h, w1, w2, n_chunks, n_threads, gemm_fn, dx, dw1_part, db1_part,
                      dw2_part, db2_part):  # pragma: no cover - compiled
     # dout: (N, C), x: (N, C), h: (N, F) -> dx: (N, C), dw1_part: (chunks, C, F),

@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from .._checks import check_scalar
 from ..functional.head_loss import LinearCrossEntropyCache
@@ -48,7 +48,6 @@ from ..functional.softmax import counted_targets
 from ..threads import blas_on_calling_thread
 from . import linear, softmax
 from ._jit import helper, jit_options
-from ._tiers import tiered
 from ._validate import check_cache, check_kernel_float
 from .blas import gemm, gemm_address
 from .special import exp_shifted
@@ -97,7 +96,7 @@ def _loss_row(row, t, wn):  # pragma: no cover - compiled
     return -wn * (x_t - m - math.log(z))  # (2) -w_n (g_t - m - log z)
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _head_loss_kernel(x, w, transposed, b, has_bias, targets, weight, gemm_fn, g_all, dx_parts,
                       row_loss, dx, dw, db):  # pragma: no cover - compiled
     # x: (N, C); w: (C, V), or its transpose (V, C) if `transposed` (C-contiguous either

@@ -48,7 +48,7 @@ from typing import NamedTuple
 
 import numba
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from .._checks import check_float, check_shaped
 from ..functional import linear as reference
@@ -63,7 +63,6 @@ from ..functional.linear import (
 from ..ownership import is_borrowing, kept
 from ..threads import blas_on_calling_thread
 from ._jit import jit_options
-from ._tiers import tiered
 from ._validate import check_cache, check_consistent, check_kernel_float
 from .blas import gemm, gemm_address
 
@@ -104,7 +103,7 @@ def _chunks(n: int) -> int:
     return min(_MAX_CHUNKS, max(2, n // _CHUNK_ROWS))
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _forward_kernel(x, w, b, has_bias, n_chunks, gemm_fn, out):  # pragma: no cover
     # (1) out = x w + b, chunk by chunk.  x: (N, C_in), w: (C_in, C_out), out: (N, C_out)
     n = x.shape[0]
@@ -119,7 +118,7 @@ def _forward_kernel(x, w, b, has_bias, n_chunks, gemm_fn, out):  # pragma: no co
                     o[i, j] += b[j]  # (1) + b
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _forward_heads_kernel(x, w, b, has_bias, n_chunks, n_threads, gemm_fn, out):
     # pragma: no cover - compiled
     # (1) y = x w + b chunk by chunk into per-thread scratch, then each chunk's columns laid
@@ -142,7 +141,7 @@ def _forward_heads_kernel(x, w, b, has_bias, n_chunks, n_threads, gemm_fn, out):
                         dst[j] = y[r, col + j] + b[col + j] if has_bias else y[r, col + j]
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _backward_kernel(dout, x, w, has_bias, n_chunks, gemm_fn, dx, dw_part, db_part):
     # pragma: no cover - compiled
     # dout: (N, C_out), x: (N, C_in), w: (C_in, C_out) -> dx: (N, C_in),
@@ -162,7 +161,7 @@ def _backward_kernel(dout, x, w, has_bias, n_chunks, gemm_fn, dx, dw_part, db_pa
                     acc[j] += g[i, j]
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _backward_wide_kernel(dout, x, w, has_bias, n_chunks, gemm_fn, dx, dw, db):
     # pragma: no cover - compiled
     # dout: (N, C_out), x: (N, C_in), w: (C_in, C_out) -> dx: (N, C_in), dw: (C_in, C_out),
@@ -184,7 +183,7 @@ def _backward_wide_kernel(dout, x, w, has_bias, n_chunks, gemm_fn, dx, dw, db):
                     db[lo + j] += g[i, j]
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _backward_heads_kernel(dys, x, w, has_bias, n_chunks, n_threads, gemm_fn, dx, dw_part,
                            db_part):  # pragma: no cover - compiled
     # (2) each chunk's rows of the S gradients side by side in per-thread scratch,

@@ -39,7 +39,6 @@ from .._checks import check_shaped
 from ..functional.lstm import LSTMCache, check_lstm_cache, check_lstm_inputs
 from ..threads import blas_on_calling_thread
 from ._jit import jit_options
-from ._tiers import tiered
 from .blas import gemm, gemm_address
 from .special import exp_clamped
 
@@ -68,7 +67,7 @@ def _tanh(z, one):  # pragma: no cover - compiled
     return t if z >= 0 else -t
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _forward_kernel(x2, h0, c0, w_ih, w_hh, b, n_chunks, gemm_fn, x_own, z2, h2, c2, tc2):
     # pragma: no cover - compiled
     # x2: (B T, C), row b T + t is x_t of sequence b; h0, c0: (B, H); w_ih: (C, 4H);
@@ -110,7 +109,7 @@ def _forward_kernel(x2, h0, c0, w_ih, w_hh, b, n_chunks, gemm_fn, x_own, z2, h2,
                     hq[j] = o * tq[j]  # (4)
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _backward_kernel(dout2, x2, h0, c0, w_ih_t, w_hh_t, gates2, h2, c2, tc2, n_chunks,
                      gemm_fn, dh, dc, dz2, dx2, dw_ih_part, dw_hh_part, db_part):
     # pragma: no cover - compiled

@@ -40,13 +40,12 @@ Zhang & Sennrich, "Root Mean Square Layer Normalization", 2019.
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from .._checks import check_scalar, check_shaped
 from ..functional.norms import LayerNormCache, RMSNormCache, check_norm_inputs
 from ..ownership import kept
 from ._jit import jit_options
-from ._tiers import tiered
 from ._validate import check_cache, check_consistent, check_kernel_float
 
 # The operations this module gives the numba backend (numpy_transformer.backend)
@@ -91,7 +90,7 @@ def _blocks(n: int) -> int:
 
 
 # ------------------------------------------------------------------------------- LayerNorm
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _layer_norm_forward_kernel(x, w, b, eps, rows, out, x_hat, rstd):
     # pragma: no cover - compiled
     # x, out, x_hat: (N, C); w, b: (C,); rstd: (N,)
@@ -117,7 +116,7 @@ def _layer_norm_forward_kernel(x, w, b, eps, rows, out, x_hat, rstd):
                 out_i[j] = xh_i[j] * w[j] + b[j]  # (3), in x's dtype, as the reference
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _layer_norm_backward_kernel(dout, x_hat, w, rstd, dx, dw_part, db_part, rows):
     # pragma: no cover - compiled
     # dout, x_hat, dx: (N, C); w: (C,); rstd: (N,); dw_part, db_part: (blocks, C) float64
@@ -193,7 +192,7 @@ def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
 
 
 # ------------------------------------------------------------------------------- RMSNorm
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _rms_norm_forward_kernel(x, w, eps, rows, out, x_hat, rrms):  # pragma: no cover - compiled
     # x, out, x_hat: (N, C); w: (C,); rrms: (N,)
     n, c = x.shape
@@ -212,7 +211,7 @@ def _rms_norm_forward_kernel(x, w, eps, rows, out, x_hat, rrms):  # pragma: no c
                 out_i[j] = xh_i[j] * w[j]  # (3), in x's dtype
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _rms_norm_backward_kernel(dout, x_hat, w, rrms, dx, dw_part, rows):
     # pragma: no cover - compiled
     # dout, x_hat, dx: (N, C); w: (C,); rrms: (N,); dw_part: (blocks, C) float64

@@ -23,12 +23,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from .._checks import check_scalar
 from ..functional.softmax import CrossEntropyCache, counted_targets
 from ._jit import jit_options
-from ._tiers import tiered
 from ._validate import check_cache, check_consistent, check_kernel_float
 from .special import exp_shifted
 
@@ -40,7 +39,7 @@ __all__ = ['cross_entropy_forward', 'cross_entropy_backward']
 _JIT = jit_options(fastmath={"reassoc"}, error_model="numpy")
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _cross_entropy_forward_kernel(logits, targets, weight, probs, row_loss):
     # pragma: no cover - compiled
     # logits, probs: (N, V); targets: (N,) int64; weight, row_loss: (N,) float64
@@ -64,7 +63,7 @@ def _cross_entropy_forward_kernel(logits, targets, weight, probs, row_loss):
         row_loss[i] = -weight[i] * (logits[i, targets[i]] - m - math.log(z))
 
 
-@tiered(_JIT)
+@njit(parallel=True, **_JIT)
 def _cross_entropy_backward_kernel(probs, targets, scale, dlogits):  # pragma: no cover
     # probs, dlogits: (N, V); targets: (N,); scale: (N,) = dloss * w_n
     n, v = probs.shape

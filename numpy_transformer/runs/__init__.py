@@ -32,9 +32,6 @@ module imports only those above it in this list, never one below:
     text from a trained language model (``numpy-transformer sample``)
 ``evaluate``
     a language model's loss on a text (``numpy-transformer eval``)
-``precompile``
-    the kernels a run calls, its evaluation's and sample's too, compiled in two processes when
-    Numba's cache lacks them (``compile_ahead.py``)
 ``export``
     a trained model for other tools (``numpy-transformer export``)
 ``report``

@@ -47,7 +47,6 @@ from .outputs import (
     describe_os_error,
     say,
 )
-from .precompile import precompile
 from .report import BestCheckpoint, has_report, write_report
 from .sources import Source
 from .state import Run
@@ -200,8 +199,6 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
     # NumPy's overflow warnings are noise here: the Trainer checks every step for non-finite
     # values itself and stops with a NonFiniteError that names the step and the tensor.
     with _StopRequest() as stop, np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        if trainer.step_count < steps:  # on an empty Numba cache: the kernels in parallel
-            precompile(run, stopping=lambda: stop.signum is not None)
         bar = ProgressBar(steps, clip=o["clip"] or None) if progress else None
         try:
             best = BestCheckpoint(run_dir, o["early_stop"], o["eval_every"])
@@ -212,8 +209,7 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
                 if _evaluates(o, trainer.step_count) and trainer.step_count not in best.evaluated:
                     _evaluate(run, best, log)  # a run extended past its old last step
                 while trainer.step_count < steps and stop.signum is None and not best.stop:
-                    r = trainer.step(run.batch(trainer.step_count),
-                                     steps_left=steps - trainer.step_count)
+                    r = trainer.step(run.batch(trainer.step_count))
                     _log_step(log, r, trainer)
                     if bar:
                         bar.update(r)

@@ -263,13 +263,6 @@ class Run:
             return Batch((x,), y)
         return self._task_batch(self.options["batch"], self.data_rng)
 
-    def sample_batch(self) -> Batch:
-        """A batch of the run's shapes that moves none of its generators: the next update's
-        (the LM's), or one drawn from a generator of its own (the tasks')."""
-        if self.task == "lm":
-            return self.batch(self.trainer.step_count)
-        return self._task_batch(self.options["batch"], np.random.default_rng(0))
-
     def evaluate(self) -> dict:
         """Held-out loss (fixed windows for the LM; a fixed set for the tasks, plus accuracy)."""
         self.model.eval()
