@@ -20,10 +20,16 @@ a module and one of its operations takes that one alone (``lstm.lstm_backward``)
 operations keep their references. It must be set before the first model is built. It narrows
 a disagreement between the two backends down to one kernel.
 
-Building the ``"numba"`` backend runs its one hook into the process, :func:`start_numba`, before
-any kernel runs: the kernels' thread settings. The kernels themselves were compiled when the
-package was installed (``numpy_transformer/compile_kernels.py``), or compile on their first
-call; nothing at run time decides which.
+The numba backend's business (its threads, its compiled kernels, the weights its caches
+borrow) stays behind this file, which the rest of the library reaches at two points:
+
+* building the ``"numba"`` backend runs :func:`start_numba` once, before any kernel runs: the
+  kernels' thread settings. The kernels themselves were compiled when the package was
+  installed (``numpy_transformer/compile_kernels.py``), or compile on their first call;
+  nothing at run time decides which.
+* a model's ``loss_and_backward`` runs its forward and its backward inside
+  :meth:`Backend.forward_and_backward`, in its own code: there the kernels' caches keep the
+  weights themselves instead of copies, and give them back when the block ends.
 
 Examples
 --------
@@ -37,12 +43,18 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import ModuleType, SimpleNamespace
+from typing import TYPE_CHECKING
 
 from . import functional
 from ._checks import check_choice
 from .config import BACKENDS, DEFAULT_BACKEND, KERNEL_MODULES, KERNELS_VARIABLE
+from .ownership import borrowing
+
+if TYPE_CHECKING:
+    from .nn.module import Module
 
 # The kernels that cannot run beside their partner's reference, each with that partner and
 # why: a kernel forward whose cache only its kernel backward reads, a kernel backward that
@@ -79,6 +91,24 @@ class Backend(SimpleNamespace):
         """``(forward, backward)`` of the elementwise activation ``name`` (for example
         ``"gelu"`` -> ``gelu_forward``, ``gelu_backward``)."""
         return getattr(self, f"{name}_forward"), getattr(self, f"{name}_backward")
+
+    @contextmanager
+    def forward_and_backward(self, model: Module) -> Iterator[None]:
+        """A block that runs ``model``'s forward and its backward, and nothing in between: a
+        model's ``loss_and_backward`` runs inside it.
+
+        Nothing writes into a weight inside the block, so the kernels' caches keep the
+        weights themselves instead of copies of them (``ownership.kept``; the references of
+        ``functional/`` always copy, and on the numpy backend nothing is borrowed). When the
+        block ends, or raises, ``model.let_go`` takes those weights out of every cache and
+        marks every forward spent (its backward then raises ``ValueError``): no cache that
+        outlives the block aliases a weight the optimiser writes next.
+        """
+        with borrowing() as borrowed:
+            try:
+                yield
+            finally:
+                model.let_go({id(w) for w in borrowed})
 
     def __repr__(self) -> str:
         return f"Backend({self.name!r})"
@@ -143,7 +173,7 @@ def _build(name: str) -> Backend:
 
 
 def start_numba() -> None:
-    """The numba backend's one hook into the process, run when the backend is first built,
+    """The numba backend's hook into the process, run when the backend is first built,
     before any kernel runs: Numba's threads wait for work asleep, and there are as many as
     the cores this process may use (:func:`numpy_transformer.threads.use_cores`)."""
     from .threads import use_cores

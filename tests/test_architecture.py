@@ -11,6 +11,8 @@ fails and says so.
 from __future__ import annotations
 
 import ast
+import functools
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -254,3 +256,117 @@ def test_gradcheck_tables_check_the_references_without_numba():
                           capture_output=True, text=True, cwd=ROOT.parent)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok []"
+
+
+# ------------------------------------------------------------------------- the math in front
+# functional/ and nn/ read no ambient state: what a cache keeps is the same in every context
+AMBIENT = {"ownership", "contextvars"}
+# the methods a reader steps into from a model: each must be the function of its class's body
+STEPPED_INTO = ("__call__", "forward", "backward", "loss_and_backward", "loss_forward",
+                "loss_backward")
+# what the training step leaves to the numba backend (train.py names none of it)
+MACHINERY = re.compile(r"\bcompil\w*|\btiers?\b|\bthreads?\b|\bownership\b|\bborrow\w*|"
+                       r"sys\.modules")
+
+
+def imported_names(source: str) -> set[str]:
+    """Every name an import of ``source`` mentions: each part of the module path and each
+    name imported from it (``from ..ownership import kept``: ownership, kept)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(part for alias in node.names for part in alias.name.split("."))
+        elif isinstance(node, ast.ImportFrom):
+            names.update((node.module or "").split("."))
+            names.update(alias.name for alias in node.names)
+    return names - {""}
+
+
+@pytest.mark.parametrize("package", ["functional", "nn"])
+def test_the_math_reads_no_ambient_state(package):
+    for path in sorted((ROOT / package).rglob("*.py")):
+        found = imported_names(path.read_text(encoding="utf-8")) & AMBIENT
+        assert not found, f"{path.relative_to(ROOT)} imports {sorted(found)}"
+
+
+def test_the_ambient_state_check_sees_both_kinds_of_import():
+    """Negative control: the imports the references had before issue 41."""
+    assert imported_names("from ..ownership import kept\n") & AMBIENT == {"ownership"}
+    assert imported_names("import contextvars\n") & AMBIENT == {"contextvars"}
+    assert imported_names("from .. import ownership\nimport numpy as np\n") & AMBIENT
+
+
+def replaced_methods(cls: type) -> list[str]:
+    """The methods of :data:`STEPPED_INTO` in ``cls``'s own namespace that are not the
+    function written in its body (a wrapper installed by a base class, a decorator, a
+    metaclass); ``functools.wraps`` copies a name, not the code a debugger steps into."""
+    return [f"{cls.__qualname__}.{name}" for name in STEPPED_INTO if name in cls.__dict__
+            and getattr(cls.__dict__[name], "__code__", None) is not None
+            and cls.__dict__[name].__code__.co_qualname != f"{cls.__qualname__}.{name}"]
+
+
+def _module_classes() -> list[type]:
+    import numpy_transformer.nn  # noqa: F401  (every module class is defined on import)
+    from numpy_transformer.nn import Module
+
+    found, todo = [Module], [Module]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub.__module__.startswith(f"{PACKAGE}.nn"):
+                found.append(sub)
+                todo.append(sub)
+    return found
+
+
+def test_no_module_method_is_replaced_at_class_creation():
+    """A debugger stepping into ``model.forward`` lands in the model's own forward: no
+    ``__init_subclass__``, no metaclass, every method a reader steps into as written."""
+    classes = _module_classes()
+    assert len(classes) > 15
+    for cls in classes:
+        assert type(cls) is type, f"{cls.__qualname__} has a metaclass"
+        assert "__init_subclass__" not in cls.__dict__, cls.__qualname__
+        assert replaced_methods(cls) == []
+    tree = ast.parse((ROOT / "nn" / "module.py").read_text(encoding="utf-8"))
+    assert "__init_subclass__" not in {n.name for n in ast.walk(tree)
+                                       if isinstance(n, ast.FunctionDef)}
+
+
+def test_the_replaced_method_check_sees_a_wrapper():
+    """Negative control: the wrapping the modules had before issue 41."""
+    class Base:
+        def __init_subclass__(cls, **kwargs):
+            super().__init_subclass__(**kwargs)
+            forward = cls.forward
+
+            @functools.wraps(forward)
+            def recorded(self, *args):
+                return forward(self, *args)
+            cls.forward = recorded
+
+    class Layer(Base):
+        def forward(self, x):
+            return x
+
+        def backward(self, dout):
+            return dout
+
+    assert replaced_methods(Layer) == [f"{Layer.__qualname__}.forward"]
+
+
+def machinery(source: str) -> list[str]:
+    """What ``source`` names of the numba backend's business (:data:`MACHINERY`)."""
+    return sorted(set(MACHINERY.findall(source)))
+
+
+def test_the_training_step_names_no_compile_tier_or_thread_machinery():
+    """``Trainer.step`` is forward, loss, backward, clip, update: compiling, tiers, threads
+    and borrowing are the numba backend's, behind ``backend.py``."""
+    assert machinery((ROOT / "train.py").read_text(encoding="utf-8")) == []
+
+
+def test_the_machinery_check_sees_a_tier_poll():
+    """Negative control: the lines ``Trainer.step`` had before issue 40."""
+    assert machinery('tiers = sys.modules.get("numpy_transformer.kernels._tiers")\n'
+                     "from .compile_ahead import precompile\n") == [
+        "compile_ahead", "sys.modules", "tiers"]

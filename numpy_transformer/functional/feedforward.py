@@ -20,7 +20,6 @@ import numpy as np
 
 from .._checks import check_choice
 from ..config import ACTIVATIONS, GATED_ACTIVATIONS
-from ..ownership import kept
 from . import activations
 from .linear import LinearCache, linear_backward, linear_forward
 
@@ -118,18 +117,15 @@ def compose_forward(x: np.ndarray, weights: Weights, activation: str, linear: Ca
     keep=keep)`` and the activation's ``(forward, backward)`` (a faster backend gives its
     own)."""
     act_forward, _ = pair
-    own = weights
-    if keep:  # the cache keeps x and the matrices: the caller may write into its own
-        x = x.copy()
-        own = {name: (kept(w), b) for name, (w, b) in weights.items()}
-    h, up = linear(x, *own["up"], keep=keep)  # (1) (..., F)
+    # each linear map's cache keeps its own copies of x and w (the caller may write into its)
+    h, up = linear(x, *weights["up"], keep=keep)  # (1) (..., F)
     gate = None
     if activation in GATED_ACTIVATIONS:
-        g, gate = linear(x, *own["gate"], keep=keep)  # (1) (..., F)
+        g, gate = linear(x, *weights["gate"], keep=keep)  # (1) (..., F)
         a, act = act_forward(g, h, keep=keep)  # (2) silu(g) * u
     else:
         a, act = act_forward(h, keep=keep)  # (2)
-    out, down = linear(a, *own["down"], keep=keep)  # (3) (..., C)
+    out, down = linear(a, *weights["down"], keep=keep)  # (3) (..., C)
     return out, FeedForwardCache(activation, up, gate, act, down) if keep else None
 
 

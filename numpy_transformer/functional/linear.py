@@ -12,7 +12,6 @@ from typing import NamedTuple
 import numpy as np
 
 from .._checks import check_float, check_last_dim, check_positive, check_shaped
-from ..ownership import kept
 
 # The operations of the backends (numpy_transformer.backend)
 __all__ = ['linear_forward', 'linear_backward', 'linear_heads_forward',
@@ -108,8 +107,7 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *,
     if not keep:
         return out, None
     # the cache owns what it keeps: the caller may write into x and w before the backward
-    # (kept: a copy of w, or w itself inside one forward-and-backward call, ownership.py)
-    return out, LinearCache(x.copy(), kept(w), b is not None)
+    return out, LinearCache(x.copy(), w.copy(), b is not None)
 
 
 def linear_backward(dout: np.ndarray, cache: LinearCache):
@@ -169,8 +167,7 @@ def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int,
     if not keep:
         return tuple(ys), None
     # the cache owns what it keeps: the caller may write into x and ws before the backward
-    # (kept: see linear_forward)
-    return tuple(ys), LinearHeadsCache(x.copy(), tuple(kept(w) for w in ws), bs is not None,
+    return tuple(ys), LinearHeadsCache(x.copy(), tuple(w.copy() for w in ws), bs is not None,
                                        heads)
 
 

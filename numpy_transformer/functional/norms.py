@@ -13,7 +13,6 @@ from typing import NamedTuple
 import numpy as np
 
 from .._checks import check_float, check_last_dim, check_shaped
-from ..ownership import kept
 
 # The operations of the backends (numpy_transformer.backend)
 __all__ = ['layer_norm_forward', 'layer_norm_backward', 'rms_norm_forward', 'rms_norm_backward']
@@ -64,7 +63,7 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
     var = (xc * xc).mean(axis=-1, keepdims=True)
     rstd = 1.0 / np.sqrt(var + x.dtype.type(eps))  # (2)
     x_hat = xc * rstd
-    return x_hat * w + b, LayerNormCache(x_hat, kept(w), rstd) if keep else None  # (3)
+    return x_hat * w + b, LayerNormCache(x_hat, w.copy(), rstd) if keep else None  # (3)
 
 
 def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
@@ -115,7 +114,7 @@ def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None, *,
     eps = np.finfo(x.dtype).eps if eps is None else eps
     rrms = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + x.dtype.type(eps))  # (1)
     x_hat = x * rrms  # (2)
-    return x_hat * w, RMSNormCache(x_hat, kept(w), rrms) if keep else None  # (3)
+    return x_hat * w, RMSNormCache(x_hat, w.copy(), rrms) if keep else None  # (3)
 
 
 def rms_norm_backward(dout: np.ndarray, cache: RMSNormCache):

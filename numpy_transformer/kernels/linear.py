@@ -13,9 +13,9 @@ checks this one against it, float32 and float64):
 one source side by side, ``x [w_1 | .. | w_S]``, so that it makes one product per source, and
 writes each chunk of its output head by head while the chunk is in cache; its backward
 gathers the S gradients of a chunk side by side again and makes one product each for dx and
-dw. Its cache (``HeadsKernelCache``) keeps the weights side by side. (The feed-forward
-network with a ReLU has its own kernel, ``kernels/feedforward.py``, built on the same
-chunks.)
+dw. Its cache (``HeadsKernelCache``) keeps the S weights, which the backward puts side by
+side again. (The feed-forward network with a ReLU has its own kernel,
+``kernels/feedforward.py``, built on the same chunks.)
 
 Why a kernel pays: the matrix products of the linear layers are most of a training step, and
 NumPy hands each one to its BLAS, which can use several cores only with its own thread pool.
@@ -60,7 +60,7 @@ from ..functional.linear import (
     check_linear_inputs,
     merge_heads,
 )
-from ..ownership import is_borrowing, kept
+from ..ownership import kept
 from ..threads import blas_on_calling_thread
 from ._jit import jit_options
 from ._validate import check_cache, check_consistent, check_kernel_float
@@ -85,10 +85,8 @@ _JIT = jit_options()
 
 
 class HeadsKernelCache(NamedTuple):
-    x: np.ndarray  # (B, T, C_in) C-contiguous, the forward's own copy (ownership.kept)
-    # (C_in, S C): the S weights side by side, the forward's own; or, made inside
-    # ownership.borrowing(), the tuple of the S weights themselves
-    w: np.ndarray | tuple
+    x: np.ndarray  # (B, T, C_in) C-contiguous, the forward's own copy
+    ws: tuple  # S weights (C_in, C) in the products' dtype, the cache's (ownership.kept)
     has_bias: bool
     groups: int  # S
     heads: int  # H
@@ -302,7 +300,7 @@ def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int,
     if _use_reference(x.size // x.shape[-1]):
         return reference.linear_heads_forward(x, ws, bs, heads, keep=keep)
     bsz, t, _ = x.shape
-    w = np.concatenate(ws, axis=1)  # (C_in, S C), a new array the cache keeps
+    w = np.concatenate(ws, axis=1)  # (C_in, S C): the weights side by side, one product
     b = None if bs is None else np.concatenate(bs)  # (S C,)
     x2, w, bias, has_bias = _operands(x, w, b, new_w=True)  # x2: (N, C_in)
     groups, c = len(ws), ws[0].shape[1]
@@ -312,10 +310,9 @@ def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int,
                               numba.get_num_threads(), gemm_address(w.dtype), out)
     if not keep:
         return tuple(out), None
-    # the cache: the weights side by side; inside one forward-and-backward call, the weights
-    # themselves, which the backward puts side by side again (ownership.py)
-    own_w = tuple(kept(wi, w.dtype) for wi in ws) if is_borrowing() else w
-    return tuple(out), HeadsKernelCache(x2.reshape(x.shape), own_w, has_bias, groups, heads)
+    # the cache keeps the S weights, which the backward puts side by side again
+    own_ws = tuple(kept(wi, w.dtype) for wi in ws)
+    return tuple(out), HeadsKernelCache(x2.reshape(x.shape), own_ws, has_bias, groups, heads)
 
 
 def linear_heads_backward(dys: tuple, cache):
@@ -327,16 +324,16 @@ def linear_heads_backward(dys: tuple, cache):
     if isinstance(cache, LinearHeadsCache):  # few rows: the reference's forward made it
         return reference.linear_heads_backward(dys, cache)
     check_cache(cache, HeadsKernelCache, "linear_heads_forward")
-    x, w, has_bias, groups, heads = cache
-    if isinstance(w, tuple) and all(isinstance(wi, np.ndarray) for wi in w):
-        w = np.concatenate(w, axis=1)  # (C_in, S C): the forward's weights side by side
-    check_consistent(cache, isinstance(x, np.ndarray) and isinstance(w, np.ndarray)
-                     and x.ndim == 3 and w.ndim == 2 and x.shape[2] == w.shape[0]
-                     and x.flags.c_contiguous and w.dtype == x.dtype
-                     and w.shape[1] % groups == 0)
+    x, ws, has_bias, groups, heads = cache
+    check_consistent(cache, isinstance(x, np.ndarray) and x.ndim == 3 and x.flags.c_contiguous
+                     and isinstance(ws, tuple) and len(ws) == groups and all(
+                         isinstance(wi, np.ndarray) and wi.ndim == 2 and wi.dtype == x.dtype
+                         and wi.shape == ws[0].shape and wi.shape[0] == x.shape[2]
+                         for wi in ws))
     check_kernel_float("cache.x", x)
-    c = w.shape[1] // groups  # each projection's width, H D
-    check_heads_grads(dys, x, tuple(w[:, i * c:(i + 1) * c] for i in range(groups)), heads)
+    check_heads_grads(dys, x, ws, heads)
+    w = np.concatenate(ws, axis=1)  # (C_in, S C): the forward's weights side by side
+    c = ws[0].shape[1]  # each projection's width, H D
     x2 = x.reshape(-1, x.shape[2])  # (N, C_in), N = B T
     n, c_in = x2.shape
     flat = tuple(np.ascontiguousarray(merge_heads(dy), dtype=x2.dtype).reshape(n, c)

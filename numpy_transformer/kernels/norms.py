@@ -161,7 +161,8 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
     -------
     out : ndarray of shape (..., C)
     cache : LayerNormCache or None
-        ``x_hat`` (..., C), ``w`` (C,) copied, ``rstd`` (..., 1), as the reference's.
+        ``x_hat`` (..., C), ``w`` (C,) (``ownership.kept``), ``rstd`` (..., 1), as the
+        reference's.
     """
     _check_inputs(x, w, b, eps)
     x2 = _rows(x)  # (N, C)

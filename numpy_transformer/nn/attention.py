@@ -190,11 +190,12 @@ class MultiHeadAttention(Module):
         self._check_inputs(x, context)
         if kv_cache is not None:
             self.cache = None  # decoding keeps nothing for a backward
-            return self._forward_cached(x, context, mask, kv_cache)
-        keep = self.keeps_cache
-        if context is None:
-            return self._forward_self(x, mask, keep)
-        return self._forward_cross(x, context, mask, keep)
+            out = self._forward_cached(x, context, mask, kv_cache)
+        elif context is None:
+            out = self._forward_self(x, mask, self.keeps_cache)
+        else:
+            out = self._forward_cross(x, context, mask, self.keeps_cache)
+        return self.expect_grad_like(out)
 
     def _forward_self(self, x: np.ndarray, mask: np.ndarray | None, keep: bool) -> np.ndarray:
         """Equations (1)-(6) with src = x, keeping the cache for :meth:`_backward_self` (with
@@ -311,6 +312,7 @@ class MultiHeadAttention(Module):
         (dx, dcontext) : tuple, for cross-attention
             ``dcontext`` (B, T_k, C) sums the paths through k and v.
         """
+        self.check_grad("dout", dout)
         if self.cache is None:
             raise ValueError("MultiHeadAttention.backward needs a forward first (a forward "
                              "with a kv_cache, in evaluation mode or inside no_grad() keeps "

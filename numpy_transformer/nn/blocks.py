@@ -111,10 +111,11 @@ class EncoderBlock(_Block):
         else:
             x = self.norm1(x + self.drop1(self.attn(x, mask=mask)))  # (1)
             x = self.norm2(x + self.drop2(self.ffn(x)))  # (2)
-        return x
+        return self.expect_grad_like(x)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout : (B, T, C) -> dx : (B, T, C)."""
+        self.check_grad("dout", dout)
         if self.norm_first:
             # (2) x2 = x1 + drop2(ffn(norm2(x1)))  =>  dx1 = dout + norm2'(ffn'(drop2'(dout)))
             dsub = self.norm2.backward(self.ffn.backward(self.drop2.backward(dout)))
@@ -224,10 +225,11 @@ class DecoderBlock(_Block):
                 x = self.cross_norm(x + self.cross_drop(self.cross_attn(
                     x, memory, mask=memory_mask, kv_cache=cross_kv)))  # (2)
             x = self.norm2(x + self.drop2(self.ffn(x)))  # (3)
-        return x
+        return self.expect_grad_like(x)
 
     def backward(self, dout: np.ndarray):
         """dout : (B, T, C) -> dx (B, T, C), or ``(dx, dmemory)`` when ``cross``."""
+        self.check_grad("dout", dout)
         if self.norm_first:
             # (3) x3 = x2 + drop2(ffn(norm2(x2)))  =>  dx2 = dout + norm2'(ffn'(drop2'(dout)))
             dsub = self.norm2.backward(self.ffn.backward(self.drop2.backward(dout)))

@@ -79,10 +79,11 @@ class Linear(Module):
         """x : (..., C_in) -> out : (..., C_out)."""
         out, self.cache = self.ops.linear_forward(x, self.params["w"], self.params.get("b"),
                                                   keep=self.keeps_cache)
-        return out
+        return self.expect_grad_like(out)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout : (..., C_out) -> dx : (..., C_in); adds into ``grads["w"]`` and ``grads["b"]``."""
+        self.check_grad("dout", dout)
         dx, dw, db = self.ops.linear_backward(dout, self.cache)
         self.grads["w"] += dw
         if db is not None:
@@ -138,10 +139,11 @@ class Embedding(Module):
         """ids : int (B, T) -> out : (B, T, C). ValueError for non-integer or out-of-range ids."""
         out, self.cache = self.ops.embedding_forward(ids, self.params["table"],
                                                      keep=self.keeps_cache)
-        return out
+        return self.expect_grad_like(out)
 
     def backward(self, dout: np.ndarray) -> None:
         """Adds ``dout`` (B, T, C) into the rows of ``grads["table"]``; ids have no gradient."""
+        self.check_grad("dout", dout)
         self.grads["table"] += self.ops.embedding_backward(dout, self.cache)
 
 
@@ -175,10 +177,11 @@ class TiedOutput(Module):
         """x : (B, T, C) -> logits : (B, T, V)."""
         out, self.cache = self.ops.linear_forward(x, self.embedding.params["table"].T,
                                                   keep=self.keeps_cache)
-        return out
+        return self.expect_grad_like(out)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout : (B, T, V) -> dx : (B, T, C); adds into the embedding's ``grads["table"]``."""
+        self.check_grad("dout", dout)
         dx, dw, _ = self.ops.linear_backward(dout, self.cache)  # dw is d(table^T), (C, V)
         self.embedding.grads["table"] += dw.T
         return dx
@@ -229,10 +232,11 @@ class LayerNorm(Module):
         """x : (..., C) -> out : (..., C)."""
         out, self.cache = self.ops.layer_norm_forward(x, self.params["w"], self.params["b"],
                                                       self.eps, keep=self.keeps_cache)
-        return out
+        return self.expect_grad_like(out)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout : (..., C) -> dx : (..., C); adds into ``grads["w"]`` and ``grads["b"]``."""
+        self.check_grad("dout", dout)
         dx, dw, db = self.ops.layer_norm_backward(dout, self.cache)
         self.grads["w"] += dw
         self.grads["b"] += db
@@ -268,10 +272,11 @@ class RMSNorm(Module):
         """x : (..., C) -> out : (..., C)."""
         out, self.cache = self.ops.rms_norm_forward(x, self.params["w"], self.eps,
                                                     keep=self.keeps_cache)
-        return out
+        return self.expect_grad_like(out)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout : (..., C) -> dx : (..., C); adds into ``grads["w"]``."""
+        self.check_grad("dout", dout)
         dx, dw = self.ops.rms_norm_backward(dout, self.cache)
         self.grads["w"] += dw
         return dx
@@ -313,9 +318,10 @@ class Dropout(Module):
     def forward(self, x: np.ndarray) -> np.ndarray:
         out, self.cache = dropout_forward(x, self.p, self.rng, self.training,
                                           keep=self.keeps_cache)
-        return out
+        return self.expect_grad_like(out)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
+        self.check_grad("dout", dout)
         return dropout_backward(dout, self.cache)
 
 
@@ -378,10 +384,11 @@ class FeedForward(Module):
         """x : (B, T, C) -> out : (B, T, C)."""
         out, self.cache = self.ops.feed_forward_forward(x, self.weights(), self.activation,
                                                         keep=self.keeps_cache)
-        return out  # (1)-(3)
+        return self.expect_grad_like(out)  # (1)-(3)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout : (B, T, C) -> dx : (B, T, C); adds into every child's ``grads``."""
+        self.check_grad("dout", dout)
         dx, grads = self.ops.feed_forward_backward(dout, self.cache)  # (3)-(1)
         for name, (dw, db) in grads.items():
             layer = self.children[name]

@@ -120,7 +120,7 @@ class LSTM(Module):
             if state is not None:
                 state.h[k], state.c[k] = h_t, c_t
         self.cache = caches if self.keeps_cache else None
-        return x
+        return self.expect_grad_like(x)
 
     def _check_state(self, state: LSTMState, batch: int) -> None:
         """Raise ``ValueError`` unless ``state`` holds (h, c) of shape (L, B, H) for this
@@ -143,6 +143,7 @@ class LSTM(Module):
         gradient of the initial state is dropped: it is zeros, or a carried state, not a
         parameter.
         """
+        self.check_grad("dout", dout)
         for k in reversed(range(self.layers)):
             dout, _, _, dw_ih, dw_hh, db = self.ops.lstm_backward(dout, None, None,
                                                                   self.cache[k])
@@ -177,6 +178,7 @@ class LSTMLM(Module):
         self.config = config.validate()
         rng = np.random.default_rng(config.seed)
         dtype, ops = np.dtype(config.dtype), get_backend(config.backend)
+        self.ops = ops
         width = config.embed_width
         self.embed = self.add("embed", Embedding(config.vocab, width, config.embed_std,
                                                  dtype=dtype, rng=rng, backend=ops))
@@ -200,10 +202,11 @@ class LSTMLM(Module):
         logits of feeding it whole.
         """
         tokens = self._tokens(tokens)
-        return self.head(self.lstm(self.embed(tokens), state))  # (1), (2), (3)
+        return self.expect_grad_like(self.head(self.lstm(self.embed(tokens), state)))  # (1)-(3)
 
     def backward(self, dlogits: np.ndarray) -> None:
         """Adds into every parameter's gradient."""
+        self.check_grad("dlogits", dlogits)
         self.embed.backward(self.lstm.backward(self.head.backward(dlogits)))
 
     def loss_and_backward(self, tokens: np.ndarray, *, targets: np.ndarray,
@@ -211,6 +214,7 @@ class LSTMLM(Module):
         """The mean cross-entropy of the next-token logits against ``targets``, every gradient
         added; see ``DecoderLM.loss_and_backward`` (``nn/models.py``)."""
         tokens = self._tokens(tokens)
-        loss = self.head.loss_forward(self.lstm(self.embed(tokens)), targets, mask)
-        self.embed.backward(self.lstm.backward(self.head.loss_backward()))
+        with self.ops.forward_and_backward(self):
+            loss = self.head.loss_forward(self.lstm(self.embed(tokens)), targets, mask)
+            self.embed.backward(self.lstm.backward(self.head.loss_backward()))
         return loss

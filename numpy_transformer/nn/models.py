@@ -81,10 +81,11 @@ class Embeddings(Module):
         x, self.cache = self.ops.embeddings_forward(tokens, self.tokens.params["table"],
                                                     self.scale, rows,
                                                     keep=self.keeps_cache)  # (1)-(3)
-        return self.drop(x)  # (4)
+        return self.expect_grad_like(self.drop(x))  # (4)
 
     def backward(self, dx: np.ndarray) -> None:
         """Adds into the token (and learned position) tables; token ids have no gradient."""
+        self.check_grad("dx", dx)
         dx = self.drop.backward(dx)  # (4)
         if self.positions is not None:
             dx = self.positions.backward(dx)  # (3)
@@ -115,9 +116,10 @@ class Encoder(Module):
         x = self.embed(tokens)  # (B, T, C)
         for block in self.blocks:
             x = block(x, mask)
-        return x if self.final_norm is None else self.final_norm(x)
+        return self.expect_grad_like(x if self.final_norm is None else self.final_norm(x))
 
     def backward(self, dout: np.ndarray) -> None:
+        self.check_grad("dout", dout)
         dx = dout if self.final_norm is None else self.final_norm.backward(dout)
         for block in reversed(self.blocks):
             dx = block.backward(dx)
@@ -154,9 +156,10 @@ class Decoder(Module):
         x = self.embed(tokens, start)  # (B, T, C)
         for i, block in enumerate(self.blocks):
             x = block(x, memory, memory_mask, kv_cache=None if cache is None else cache.blocks[i])
-        return x if self.final_norm is None else self.final_norm(x)
+        return self.expect_grad_like(x if self.final_norm is None else self.final_norm(x))
 
     def backward(self, dout: np.ndarray) -> np.ndarray | None:
+        self.check_grad("dout", dout)
         dx = dout if self.final_norm is None else self.final_norm.backward(dout)
         dmemory = None
         for block in reversed(self.blocks):
@@ -194,10 +197,11 @@ class EncoderClassifier(Module):
             raise ValueError("tie_embeddings needs a vocabulary output; EncoderClassifier "
                              "predicts num_classes classes")
         rng = np.random.default_rng(config.seed)
+        self.ops = get_backend(config.backend)
         self.encoder = self.add("encoder", Encoder(config, rng))
         self.head = self.add("head", Linear(config.width, config.num_classes, config.bias,
                                             dtype=np.dtype(config.dtype), rng=rng,
-                                            backend=get_backend(config.backend)))
+                                            backend=self.ops))
 
     def forward(self, tokens: np.ndarray, lengths: np.ndarray | None = None) -> np.ndarray:
         """tokens : int (B, T), lengths : int (B,) optional -> logits (B, T, num_classes).
@@ -206,10 +210,11 @@ class EncoderClassifier(Module):
         at padded positions are still computed (exclude them from the loss).
         """
         mask = None if lengths is None else key_padding_mask(lengths, np.shape(tokens)[-1])
-        return self.head(self.encoder(tokens, mask))
+        return self.expect_grad_like(self.head(self.encoder(tokens, mask)))
 
     def backward(self, dlogits: np.ndarray) -> None:
         """Adds into every parameter's gradient."""
+        self.check_grad("dlogits", dlogits)
         self.encoder.backward(self.head.backward(dlogits))
 
     def loss_and_backward(self, tokens: np.ndarray, lengths: np.ndarray | None = None, *,
@@ -217,8 +222,9 @@ class EncoderClassifier(Module):
         """The mean cross-entropy of the logits against ``targets``, every gradient added; see
         :meth:`DecoderLM.loss_and_backward`."""
         padding = None if lengths is None else key_padding_mask(lengths, np.shape(tokens)[-1])
-        loss = self.head.loss_forward(self.encoder(tokens, padding), targets, mask)
-        self.encoder.backward(self.head.loss_backward())
+        with self.ops.forward_and_backward(self):
+            loss = self.head.loss_forward(self.encoder(tokens, padding), targets, mask)
+            self.encoder.backward(self.head.loss_backward())
         return loss
 
 
@@ -257,6 +263,7 @@ class DecoderLM(Module):
         super().__init__()
         self.config = config.validate()
         rng = np.random.default_rng(config.seed)
+        self.ops = get_backend(config.backend)
         self.decoder = self.add("decoder", Decoder(config, rng))
         self.head = self.add("head", _vocab_head(config, self.decoder, rng))
 
@@ -267,10 +274,11 @@ class DecoderLM(Module):
         follow the cached ones, which they also see; the logits equal the last T rows of a
         forward over the whole sequence (eval mode).
         """
-        return self.head(self.decoder(tokens, cache=cache))
+        return self.expect_grad_like(self.head(self.decoder(tokens, cache=cache)))
 
     def backward(self, dlogits: np.ndarray) -> None:
         """Adds into every parameter's gradient (the tied table gets both of its shares)."""
+        self.check_grad("dlogits", dlogits)
         self.decoder.backward(self.head.backward(dlogits))
 
     def loss_and_backward(self, tokens: np.ndarray, *, targets: np.ndarray,
@@ -295,10 +303,14 @@ class DecoderLM(Module):
         -----
         The head and the loss are one operation (``linear_cross_entropy_forward``): the
         (B, T, V) logits are not returned, and on the numba backend never made whole
-        (``kernels/head_loss.py``).
+        (``kernels/head_loss.py``). The forward and the backward run inside the backend's
+        ``forward_and_backward`` (``numpy_transformer/backend.py``): nothing writes into a
+        weight in between, so the numba kernels' caches keep the weights uncopied, and give
+        them back when the block ends.
         """
-        loss = self.head.loss_forward(self.decoder(tokens), targets, mask)
-        self.decoder.backward(self.head.loss_backward())
+        with self.ops.forward_and_backward(self):
+            loss = self.head.loss_forward(self.decoder(tokens), targets, mask)
+            self.decoder.backward(self.head.loss_backward())
         return loss
 
 
@@ -318,6 +330,7 @@ class EncoderDecoder(Module):
         super().__init__()
         self.config = config.validate()
         rng = np.random.default_rng(config.seed)
+        self.ops = get_backend(config.backend)
         self.encoder = self.add("encoder", Encoder(config, rng))
         self.decoder = self.add("decoder", Decoder(config, rng, cross=True))
         self.head = self.add("head", _vocab_head(config, self.decoder, rng))
@@ -339,10 +352,12 @@ class EncoderDecoder(Module):
             memory = self.encoder(src, src_mask)  # (B, T_s, C)
             if cache is not None:
                 cache.memory, cache.memory_mask = memory, src_mask
-        return self.head(self.decoder(tgt, memory, src_mask, cache=cache))  # (B, T_t, V)
+        logits = self.head(self.decoder(tgt, memory, src_mask, cache=cache))  # (B, T_t, V)
+        return self.expect_grad_like(logits)
 
     def backward(self, dlogits: np.ndarray) -> None:
         """Adds into every parameter's gradient; the memory's gradient flows into the encoder."""
+        self.check_grad("dlogits", dlogits)
         dmemory = self.decoder.backward(self.head.backward(dlogits))
         self.encoder.backward(dmemory)
 
@@ -353,7 +368,8 @@ class EncoderDecoder(Module):
         added; see :meth:`DecoderLM.loss_and_backward`."""
         src_mask = None if src_lengths is None else key_padding_mask(src_lengths,
                                                                      np.shape(src)[-1])
-        memory = self.encoder(src, src_mask)  # (B, T_s, C)
-        loss = self.head.loss_forward(self.decoder(tgt, memory, src_mask), targets, mask)
-        self.encoder.backward(self.decoder.backward(self.head.loss_backward()))
+        with self.ops.forward_and_backward(self):
+            memory = self.encoder(src, src_mask)  # (B, T_s, C)
+            loss = self.head.loss_forward(self.decoder(tgt, memory, src_mask), targets, mask)
+            self.encoder.backward(self.decoder.backward(self.head.loss_backward()))
         return loss

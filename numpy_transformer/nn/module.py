@@ -12,19 +12,21 @@ The contract every module in ``numpy_transformer.nn`` follows:
   accumulation over micro-batches a loop of backwards.
 * Children are registered by name, in order, so every parameter has a dotted name such as
   ``blocks.0.attn.wq``.
-* ``loss_and_backward`` (the model families') runs a forward and its backward in one call:
-  its caches keep the weights uncopied, and let go of the parameters when it returns
-  (a backward of that forward afterwards raises ``ValueError``;
-  ``numpy_transformer/ownership.py``).
+* A model's ``loss_and_backward`` runs its forward and its backward in one call, inside
+  ``with self.ops.forward_and_backward(self):`` (``numpy_transformer/backend.py``): the numba
+  backend's caches may keep the weights uncopied for the block, and when it ends
+  :meth:`Module.let_go` takes them out again and marks every forward spent (a backward of
+  that forward afterwards raises ``ValueError``).
 * A forward keeps its cache in training mode, and not in evaluation mode
   (:attr:`Module.keeps_cache`): evaluation is inference (generation, a held-out loss), which
   keeps nothing and copies no weight, and a backward after it raises ``ValueError``. Inside
   ``with model.no_grad():`` no forward keeps one; inside ``with model.enable_grad():`` every
   forward does, evaluation mode included: the gradient of the model without dropout.
 * ``backward`` before any ``forward``, or with a gradient not shaped like the last forward's
-  output (or not of its dtype), raises ``ValueError``. :class:`Module` checks this for every
-  subclass: each subclass's ``forward`` records its output's shape and dtype in
-  ``grad_like``, and each ``backward`` compares its first argument with it before it runs.
+  output (or not of its dtype), raises ``ValueError``. Every module says so in its own code:
+  its ``forward`` returns ``self.expect_grad_like(out)``, which records the output's shape and
+  dtype in ``grad_like``, and its ``backward`` starts with ``self.check_grad(name, dout)``.
+  Nothing is added to a subclass's methods behind the reader's back.
 
 ``buffers`` holds fixed arrays that move with the module (``astype``) but are neither trained
 nor saved: the sinusoidal table and the RoPE angles follow from a formula, as the chapter's
@@ -34,13 +36,10 @@ non-persistent position buffer does.
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
+import dataclasses
 from collections.abc import Callable, Iterator
 
 import numpy as np
-
-from ..ownership import borrowing, let_go, to_let_go
 
 # grad_like of a module whose last forward's backward already ran inside loss_and_backward
 _SPENT = "spent"
@@ -48,50 +47,23 @@ _SPENT = "spent"
 _INFERENCE = "inference"
 
 
-def _recording(forward: Callable) -> Callable:
-    """``forward`` that also records its output's (shape, dtype) in ``self.grad_like``."""
-    @functools.wraps(forward)
-    def recorded(self, *args, **kwargs):
-        out = forward(self, *args, **kwargs)
-        if not self.keeps_cache:
-            self.grad_like = _INFERENCE
-        else:
-            self.grad_like = (out.shape, out.dtype) if isinstance(out, np.ndarray) else ...
-        return out
-    return recorded
-
-
-def _checked(backward: Callable) -> Callable:
-    """``backward`` that first checks its gradient argument with :meth:`Module.check_grad`."""
-    name = list(inspect.signature(backward).parameters)[1]  # dout, dlogits, dx, ...
-
-    @functools.wraps(backward)
-    def checked(self, dout, *args, **kwargs):
-        self.check_grad(name, dout)
-        return backward(self, dout, *args, **kwargs)
-    return checked
-
-
-def _forward_and_backward(method: Callable) -> Callable:
-    """A model's ``loss_and_backward``: its forward and its backward in one call.
-
-    Inside the call the caches keep the weights they are given, not copies (nothing writes
-    into a weight between that forward and its backward; ``numpy_transformer/ownership.py``).
-    When it returns, or raises, every module lets go of the parameters and of the call's own
-    array arguments (:meth:`Module.let_go`): no cache then aliases memory that anyone writes
-    later, and a further backward of that forward raises ``ValueError``.
-    """
-    @functools.wraps(method)
-    def run(self, *args, **kwargs):
-        with borrowing() as borrowed:
-            try:
-                return method(self, *args, **kwargs)
-            finally:
-                inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray)]
-                ids = to_let_go(borrowed, [p for p, _ in self.parameters()] + inputs)
-                for _, module in self.named_modules():
-                    module.let_go(ids)
-    return run
+def _without(value: object, ids: set[int]) -> object:
+    """``value`` with every array whose id is in ``ids``, at any depth of its tuples and
+    dataclasses, replaced by None; the same object where it holds none of them."""
+    if isinstance(value, np.ndarray):
+        return None if id(value) in ids else value
+    if isinstance(value, tuple):
+        items = [_without(item, ids) for item in value]
+        if all(new is old for new, old in zip(items, value, strict=True)):
+            return value
+        return type(value)._make(items) if hasattr(value, "_fields") else tuple(items)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changed = {f.name: _without(getattr(value, f.name), ids)
+                   for f in dataclasses.fields(value)}
+        changed = {name: new for name, new in changed.items()
+                   if new is not getattr(value, name)}
+        return dataclasses.replace(value, **changed) if changed else value
+    return value
 
 
 _DRAWN_BLOCK = 1 << 16  # numbers of one draw of drawn(): its float64 temporary stays small
@@ -114,15 +86,6 @@ def drawn(shape: tuple, dtype, draw: Callable[[tuple], np.ndarray]) -> np.ndarra
 class Module:
     """Base class: parameter and gradient dicts, ordered children, a train/eval flag."""
 
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        if "forward" in cls.__dict__:
-            cls.forward = _recording(cls.forward)
-        if "backward" in cls.__dict__:
-            cls.backward = _checked(cls.backward)
-        if "loss_and_backward" in cls.__dict__:
-            cls.loss_and_backward = _forward_and_backward(cls.loss_and_backward)
-
     def __init__(self) -> None:
         self.params: dict[str, np.ndarray] = {}
         self.grads: dict[str, np.ndarray] = {}
@@ -130,10 +93,10 @@ class Module:
         self.children: dict[str, Module] = {}
         self.training = True
         self.grad_enabled: bool | None = None  # None: as the mode says; no_grad(), enable_grad()
-        # (shape, dtype) of the last forward's output: what backward's gradient must be.
-        # None before any forward; ... for an output that is not an array; a shape entry "B"
-        # matches any length (a module whose rows another module adds, positions.addend)
-        self.grad_like: tuple | None = None
+        # (shape, dtype) of the last forward's output: what backward's gradient must be
+        # (expect_grad_like). None before any forward; a shape entry "B" matches any length
+        # (a module whose rows another module adds, positions.addend)
+        self.grad_like: tuple | str | None = None
 
     # ------------------------------------------------------------------ registration
     def add_param(self, name: str, value: np.ndarray) -> np.ndarray:
@@ -160,11 +123,20 @@ class Module:
     def backward(self, dout):
         raise NotImplementedError(f"{type(self).__name__} does not define backward")
 
-    def check_grad(self, name: str, dout: object) -> None:
-        """Raise ``ValueError`` unless a forward ran and ``dout`` is shaped like its output.
+    def expect_grad_like(self, out: np.ndarray) -> np.ndarray:
+        """``out``, the forward's output, after noting what its backward takes: a gradient of
+        ``out``'s shape and dtype, or none at all when the forward kept nothing (evaluation
+        mode, ``no_grad()``). Every forward returns through it; :meth:`check_grad` reads it.
+        """
+        self.grad_like = (out.shape, out.dtype) if self.keeps_cache else _INFERENCE
+        return out
 
-        Called by every subclass's ``backward`` before it runs (see the module docstring);
-        ``name`` is the backward's argument (``dout``, ``dlogits``, ...).
+    def check_grad(self, name: str, dout: object) -> None:
+        """Raise ``ValueError`` unless a forward ran and ``dout`` is shaped like its output
+        (as :meth:`expect_grad_like` noted it).
+
+        Every ``backward`` calls it first; ``name`` is its argument (``dout``, ``dlogits``,
+        ...).
         """
         what = type(self).__name__
         if self.grad_like is None:
@@ -176,8 +148,6 @@ class Module:
             raise ValueError(f"{what}.backward: its last forward ran in evaluation mode or "
                              f"inside no_grad() and kept nothing for a backward; run it in "
                              f"training mode, or inside enable_grad()")
-        if self.grad_like is ...:
-            return
         shape, dtype = self.grad_like
         if not (isinstance(dout, np.ndarray) and dout.ndim == len(shape) and all(
                 want in ("B", got) for want, got in zip(shape, dout.shape, strict=True))):
@@ -189,13 +159,16 @@ class Module:
                              f"forward, got {dout.dtype}")
 
     def let_go(self, ids: set[int]) -> None:
-        """Take the arrays of these ``ids`` out of this module's caches (``ownership.let_go``)
-        and mark its last forward spent: its backward ran, inside ``loss_and_backward``."""
-        for name in ("cache", "loss_cache"):
-            if getattr(self, name, None) is not None:
-                setattr(self, name, let_go(getattr(self, name), ids))
-        if self.grad_like is not None:
-            self.grad_like = _SPENT
+        """End a forward-and-backward call (``Backend.forward_and_backward``): in this module
+        and every descendant, replace the arrays of these ``ids`` (the weights a backend's
+        caches kept uncopied) by None wherever a cache holds them, and mark the last forward
+        spent, its backward having run. The activations stay for a reader to look at."""
+        for _, module in self.named_modules():
+            for name in ("cache", "loss_cache"):
+                if getattr(module, name, None) is not None:
+                    setattr(module, name, _without(getattr(module, name), ids))
+            if module.grad_like is not None:
+                module.grad_like = _SPENT
 
     # ------------------------------------------------------------------ parameters
     def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, np.ndarray, np.ndarray]]:

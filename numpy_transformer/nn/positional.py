@@ -59,7 +59,7 @@ class SinusoidalPositions(Module):
     def forward(self, x: np.ndarray, start: int = 0) -> np.ndarray:
         """x : (B, T, C) at positions start .. start + T - 1 -> x + PE[start:start + T]."""
         _check_input(x, start, self.max_len, self.width)
-        return x + self.addend(x.shape[1], start)
+        return self.expect_grad_like(x + self.addend(x.shape[1], start))
 
     def addend(self, length: int, start: int = 0) -> np.ndarray:
         """PE[start:start + length], (length, C): what :meth:`forward` adds; the backward
@@ -70,6 +70,7 @@ class SinusoidalPositions(Module):
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """The table is a constant: ``dx = dout``."""
+        self.check_grad("dout", dout)
         return dout
 
 
@@ -99,7 +100,7 @@ class LearnedPositions(Module):
     def forward(self, x: np.ndarray, start: int = 0) -> np.ndarray:
         """x : (B, T, C) at positions start .. start + T - 1 -> x + table[start:start + T]."""
         _check_input(x, start, self.max_len, self.width)
-        return x + self.addend(x.shape[1], start)
+        return self.expect_grad_like(x + self.addend(x.shape[1], start))
 
     def addend(self, length: int, start: int = 0) -> np.ndarray:
         """table[start:start + length], (length, C): what :meth:`forward` adds.
@@ -114,6 +115,7 @@ class LearnedPositions(Module):
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """``dtable[rows] += sum_B dout`` (every sequence used the same rows); ``dx = dout``."""
+        self.check_grad("dout", dout)
         start, length = self.cache
         self.grads["table"][start:start + length] += dout.sum(axis=0)
         return dout
