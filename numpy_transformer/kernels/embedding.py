@@ -23,6 +23,7 @@ from numba import njit, prange
 
 from .._checks import check_scalar, check_shaped
 from ..functional.embedding import EmbeddingCache, check_embedding_ids
+from ..threads import alone_below
 from ._jit import jit_options
 from ._validate import check_cache, check_consistent, check_kernel_float
 
@@ -89,9 +90,10 @@ def embeddings_forward(ids: np.ndarray, table: np.ndarray, scale: float = 1.0,
                      what="(T, C) of ids and table, in the table's dtype")
     out = np.empty(ids.shape + table.shape[1:], dtype=table.dtype)  # (B, T, C)
     ids = ids.astype(np.int64)  # the kernel's dtype, and a copy the cache owns
-    _lookup_rows(ids.reshape(-1), table, table.dtype.type(scale),
-                 np.ascontiguousarray(positions) if has_positions else table[:1],
-                 has_positions, out.reshape(-1, table.shape[1]))
+    with alone_below(ids.size):
+        _lookup_rows(ids.reshape(-1), table, table.dtype.type(scale),
+                     np.ascontiguousarray(positions) if has_positions else table[:1],
+                     has_positions, out.reshape(-1, table.shape[1]))
     return out, EmbeddingCache(ids, table.shape, table.dtype) if keep else None
 
 

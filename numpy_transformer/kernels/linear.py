@@ -61,7 +61,7 @@ from ..functional.linear import (
     merge_heads,
 )
 from ..ownership import is_borrowing, kept
-from ..threads import blas_on_calling_thread
+from ..threads import FEW_ROWS, blas_on_calling_thread
 from ._jit import jit_options
 from ._validate import check_cache, check_consistent, check_kernel_float
 from .blas import gemm, gemm_address
@@ -70,7 +70,7 @@ from .blas import gemm, gemm_address
 __all__ = ['linear_forward', 'linear_backward', 'linear_heads_forward',
            'linear_heads_backward']
 
-_MIN_ROWS = 256  # fewer rows: the reference's one BLAS call
+_MIN_ROWS = FEW_ROWS  # fewer rows: the reference's one BLAS call (threads.py)
 # Chunks of about _CHUNK_ROWS rows or more, at least 2 and at most _MAX_CHUNKS (4 per thread on
 # 2 cores). Taller chunks make faster products: on 768 rows of width 128, 2 chunks of 384 were
 # 10-15% faster than 6 of 128 (OpenBLAS single-threaded: 134 GF/s at 128 rows, 150 at 384)
