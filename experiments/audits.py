@@ -86,6 +86,13 @@ def audit_permutation() -> dict:
 
 
 def audit_sinusoidal() -> dict:
+    res, fig = sinusoidal_clocks()
+    common.save_figure(fig, "audit_sinusoidal")
+    return res
+
+
+def sinusoidal_clocks() -> tuple[dict, object]:
+    """The sinusoidal audit's numbers and its figure (the site draws it too)."""
     length, width, delta, j = 100, 32, 7, 5
     pe = sinusoidal_table(length, width)  # (100, 32)
     omega = np.arctan2(pe[1, 0::2], pe[1, 1::2])  # row 1 holds (sin w_j, cos w_j): the w_j
@@ -106,29 +113,36 @@ def audit_sinusoidal() -> dict:
     for k, v in res.items():
         print(f"  sinusoidal {k:30s} {v:.2e}")
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), layout="constrained")
     im = axes[0].imshow(pe.T, aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1)
     axes[0].set_xlabel("position p")
     axes[0].set_ylabel("feature (2j: sin, 2j+1: cos)")
     axes[0].set_title(f"Sinusoidal table, width {width}")
-    fig.colorbar(im, ax=axes[0], shrink=0.8)
+    fig.colorbar(im, ax=axes[0], shrink=0.8, label="PE[p, i] (unitless)")
     for jj in (0, 2, 5, 10):
-        axes[1].plot(pe[:, 2 * jj], label=f"sin, j={jj} (w={omega[jj]:.3g})")
+        axes[1].plot(pe[:, 2 * jj], label=f"sin, j={jj} (w={omega[jj]:.3g} rad/position)")
     axes[1].set_xlabel("position p")
+    axes[1].set_ylabel("PE[p, 2j] = sin(w_j p)")
     axes[1].set_title("Clocks: fast to slow")
     axes[1].legend(fontsize=7, loc="lower left")
     im = axes[2].imshow(gram, cmap="viridis")
     axes[2].set_title(f"PE[p] . PE[q]: constant along diagonals\n"
                       f"R_{delta} PE[p] = PE[p+{delta}] for all p: max err {all_error:.1e}",
                       fontsize=9)
-    axes[2].set_xlabel("q")
-    axes[2].set_ylabel("p")
-    fig.colorbar(im, ax=axes[2], shrink=0.8)
-    common.save_figure(fig, "audit_sinusoidal")
-    return res
+    axes[2].set_xlabel("position q")
+    axes[2].set_ylabel("position p")
+    fig.colorbar(im, ax=axes[2], shrink=0.8, label="PE[p] . PE[q] (unitless)")
+    return res, fig
 
 
 def audit_rope() -> dict:
+    res, fig = rope_offsets()
+    common.save_figure(fig, "audit_rope")
+    return res
+
+
+def rope_offsets() -> tuple[dict, object]:
+    """The RoPE audit's numbers and its figure (the site draws it too)."""
     rng = np.random.default_rng(0)
     d, length = 16, 64
     q, k = rng.standard_normal(d), rng.standard_normal(d)
@@ -145,21 +159,20 @@ def audit_rope() -> dict:
     print(f"  rope max spread of the score along one offset {spread:.2e}; "
           f"norm error {norm_error:.2e}")
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
     im = axes[0].imshow(scores, cmap="RdBu_r")
     axes[0].set_title("RoPE: score(q at m, k at n)\nconstant along each diagonal m - n")
     axes[0].set_xlabel("key position n")
     axes[0].set_ylabel("query position m")
-    fig.colorbar(im, ax=axes[0], shrink=0.8)
+    fig.colorbar(im, ax=axes[0], shrink=0.8, label="score (R_m q) . (R_n k) (unitless)")
     offsets = np.arange(-length + 1, length)
     axes[1].plot(offsets, [np.diagonal(scores, -o).mean() for o in offsets], lw=1.2)
-    axes[1].set_xlabel("offset m - n")
-    axes[1].set_ylabel("score")
+    axes[1].set_xlabel("offset m - n (positions)")
+    axes[1].set_ylabel("mean score along the offset (unitless)")
     axes[1].set_title(f"Score as a function of the offset only\n(max spread per offset "
                       f"{spread:.1e})")
     axes[1].grid(alpha=0.3)
-    common.save_figure(fig, "audit_rope")
-    return {"scores": pairs, "max_spread_per_offset": spread, "norm_error": norm_error}
+    return {"scores": pairs, "max_spread_per_offset": spread, "norm_error": norm_error}, fig
 
 
 def audit_causal() -> dict:

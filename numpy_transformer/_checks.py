@@ -8,9 +8,6 @@ trace three frames deep or, worse, get a silently wrong answer.
 from __future__ import annotations
 
 import math
-import os
-import stat
-from pathlib import Path
 
 import numpy as np
 
@@ -118,27 +115,11 @@ def check_number(name: str, value: object, low: float, high: float | None = None
     return float(value)
 
 
-FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
-              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-              (stat.S_ISSOCK, "a socket"))
-
-
-def check_file(path: str | Path, what: str = "file") -> os.stat_result:
-    """Return the ``os.stat`` of ``path`` if it names a regular file, else raise ``ValueError``
-    saying what is there instead (``what``: how the message calls the file expected).
-
-    Only the metadata is read, so a named pipe or a device is refused without being opened
-    (opening a FIFO would block until someone writes into it). An ``OSError`` other than a
-    missing file (e.g. permission denied on a folder of the path) is raised as it is.
-    """
-    try:
-        info = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        raise ValueError(f"{path}: no such {what}") from None
-    if stat.S_ISREG(info.st_mode):
-        return info
-    kind = next((name for test, name in FILE_KINDS if test(info.st_mode)), "not a regular file")
-    raise ValueError(f"{path} is {kind}, not a {what}")
+def check_seed(seed: object) -> None:
+    """Raise ``ValueError`` unless ``seed`` is an integer >= 0, what NumPy's generators take
+    (``np.random.default_rng(-1)`` says only "expected non-negative integer")."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
 
 
 def check_kv_heads(heads: int, kv_heads: int | None) -> int:

@@ -1,4 +1,5 @@
-"""Keep freed buffers in the process instead of handing them back to the OS (glibc only).
+"""Keep freed buffers in the process instead of handing them back to the OS, or hand them back
+at once (glibc only).
 
 A training step allocates and frees the same few hundred arrays every time, several of them a
 few MiB (the FFN's hidden activations of the chapter's model: 6400 x 168 float32, 4.3 MiB),
@@ -17,6 +18,11 @@ for the next step. Peak memory is the same arrays at the peak (the GPT-2 benchma
 RSS: 3,540-3,558 MiB with the setting over four runs, 3,572-3,631 without); the process
 simply does not shrink after it. It is a process-wide setting, so the library never calls it
 on its own: the command line does, and so do the benchmarks.
+
+:func:`release_freed_memory` is the other way round, once: every free page of the heap goes
+back to the OS (``malloc_trim``). Building a large model draws each weight in float64 and
+keeps its float32 cast, and the freed float64 arrays stay in the heap between the weights; a
+loader calls it after building the model, before it reads the weights into it.
 """
 
 from __future__ import annotations
@@ -54,3 +60,19 @@ def reuse_freed_memory(trim_bytes: int = 1 << 30) -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, trim_bytes))
+
+
+def release_freed_memory() -> bool:
+    """Give every free page of the heap back to the OS (glibc's ``malloc_trim(0)``).
+
+    Returns
+    -------
+    bool
+        Whether memory was released (False on other C libraries: nothing changes).
+    """
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))

@@ -105,8 +105,8 @@ def _checked(names: tuple[str, ...]) -> tuple[str, ...]:
     """``names`` if each is a kernel module or ``module.operation`` with its partner (see
     :func:`kernel_selection`), else ``ValueError``."""
     for name in names:
-        module_name, _, operation = name.partition(".")
-        if module_name not in KERNEL_MODULES or "." in operation:
+        module_name, dot, operation = name.partition(".")
+        if module_name not in KERNEL_MODULES or "." in operation or (dot and not operation):
             raise ValueError(f"{KERNELS_VARIABLE} names {name!r}, not a kernel module or "
                              f"module.operation; the modules: {', '.join(KERNEL_MODULES)}")
         ops = importlib.import_module(f"{__package__}.kernels.{module_name}").__all__

@@ -137,7 +137,11 @@ class BPETokenizer:
         tok = tk.Tokenizer(tk.models.BPE())
         tok.pre_tokenizer = byte_level(add_prefix_space=False)
         tok.decoder = tk.decoders.ByteLevel()
-        trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+        # Each merge joins two symbols of the text: it has fewer merges than bytes. The
+        # trainer reserves memory for the size it is asked for (72 TB for 10^12): ask no more.
+        reachable = BPE_MIN_VOCAB - 1 + len(text.encode("utf-8"))
+        trainer = tk.trainers.BpeTrainer(vocab_size=min(vocab_size, reachable),
+                                         show_progress=False,
                                          initial_alphabet=byte_level.alphabet(),
                                          special_tokens=[])
         tok.train_from_iterator([text], trainer)

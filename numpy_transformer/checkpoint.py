@@ -50,14 +50,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ._checks import check_file
-from .files import atomic_write
+from .files import atomic_write, check_file, os_error_naming
 from .memory import check_fits, format_bytes
 from .train import NonFiniteError
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "Checkpoint", "save_checkpoint",
-           "load_checkpoint", "check_format_version", "dropout_layers", "rng_states",
-           "set_rng_states"]
+           "restamp_checkpoint", "load_checkpoint", "check_format_version", "dropout_layers",
+           "rng_states", "set_rng_states"]
 
 FORMAT_VERSION = 6  # what this version writes; it reads 1 to FORMAT_VERSION (see above)
 JSON_KEYS = ("optimizer", "rng", "config", "options", "tokenizer", "meta")
@@ -204,6 +203,28 @@ def save_checkpoint(path: str | Path, *, step: int, model, optimizer, rng: dict[
     atomic_write(Path(path), lambda f: np.savez(f, **arrays))
 
 
+def restamp_checkpoint(path: str | Path, options: dict, meta: dict) -> None:
+    """Rewrite the checkpoint at ``path`` with the training options ``options`` and its meta
+    entry updated by ``meta``; every array and every other entry stays as it was. An extended
+    run (``train --resume RUN --steps N``) does this to the checkpoints it keeps, so they say
+    what the run of N steps says.
+
+    Raises
+    ------
+    CheckpointError
+        As :func:`load_checkpoint`, for a file that is not a checkpoint.
+    OSError
+        If it cannot be read or written (the file is left as it was).
+    """
+    path = Path(path)
+    arrays, _ = _read_arrays(path)
+    old = _decode_json(path, "meta", arrays["meta"])
+    if not isinstance(old, dict):
+        raise CheckpointError(f"{path}: entry 'meta' should be a JSON object")
+    arrays.update(options=_json_array(options), meta=_json_array({**old, **meta}))
+    atomic_write(path, lambda f: np.savez(f, **arrays))
+
+
 # --------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------
@@ -317,17 +338,30 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 
 def _read_arrays(path: Path) -> tuple[dict[str, np.ndarray], int]:
     """Every entry of the ``.npz`` at ``path`` and its format version, once the file, its
-    members' headers, the version and the required keys are checked."""
+    members' headers, the version and the required keys are checked.
+
+    The file is opened here, once: one that cannot be read raises the ``OSError`` it is
+    (permission denied, named), which ``zipfile.is_zipfile`` would take for "not a zip"."""
     try:
         check_file(path, "checkpoint file")
     except ValueError as e:
         raise CheckpointError(str(e)) from None
-    if not zipfile.is_zipfile(path):
+    try:
+        with open(path, "rb") as f:
+            return _read_open_archive(path, f)
+    except OSError as e:  # opening or reading the file itself failed
+        raise os_error_naming(path, e) from None
+
+
+def _read_open_archive(path: Path, f) -> tuple[dict[str, np.ndarray], int]:
+    """:func:`_read_arrays` of the file ``f``, open for reading."""
+    if not zipfile.is_zipfile(f):
         raise CheckpointError(f"{path}: not a checkpoint (not an .npz archive, or truncated)")
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(f) as archive:
             _check_members(path, archive)
-        with np.load(path, allow_pickle=False) as npz:
+        f.seek(0)
+        with np.load(f, allow_pickle=False) as npz:
             names = list(npz.files)
             missing = [k for k in REQUIRED_KEYS if k not in names]
             version = check_format_version(
@@ -338,8 +372,11 @@ def _read_arrays(path: Path) -> tuple[dict[str, np.ndarray], int]:
     except CheckpointError:
         raise
     except (ValueError, EOFError, zipfile.BadZipFile, zlib.error, RuntimeError,
-            NotImplementedError) as e:  # RuntimeError: encrypted; NotImplementedError: packed
-        # A truncated member, a pickled (object) array refused by allow_pickle=False, ...
+            NotImplementedError, OSError) as e:  # RuntimeError: encrypted; NotImplementedError:
+        # packed. A truncated member, a pickled (object) array refused by allow_pickle=False,
+        # an OSError of NumPy's without an errno... An OSError with one is the file's: exit 74.
+        if isinstance(e, OSError) and e.errno:
+            raise
         raise CheckpointError(f"{path}: unreadable checkpoint ({type(e).__name__}: {e})") \
             from None
 

@@ -108,7 +108,13 @@ class TransformerConfig:
         """
         # imported here, not above: the command line reads the names of this module before
         # it imports NumPy (its --help answers without it), and _checks needs NumPy
-        from ._checks import check_choice, check_even, check_kv_heads, check_positive
+        from ._checks import (
+            check_choice,
+            check_even,
+            check_kv_heads,
+            check_positive,
+            check_seed,
+        )
         from .memory import check_config_fits
 
         for name in ("vocab", "width", "heads", "layers", "ffn_width", "max_len"):
@@ -137,8 +143,7 @@ class TransformerConfig:
             check_positive("num_classes", self.num_classes, integer=True)
         if not isinstance(self.bias, bool):
             raise ValueError(f"bias must be True or False, got {self.bias!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        check_seed(self.seed)
         check_config_fits(self)  # a size that cannot fit is refused before anything is made
         return self
 
@@ -180,7 +185,7 @@ class LSTMConfig:
         As for ``TransformerConfig``, sizes whose weights cannot fit in the memory available
         are bad values (``numpy_transformer.memory``).
         """
-        from ._checks import check_choice, check_positive  # as in TransformerConfig.validate
+        from ._checks import check_choice, check_positive, check_seed  # as in TransformerConfig
         from .memory import LSTM_KIND, check_config_fits
 
         for name in ("vocab", "hidden", "max_len", "layers"):
@@ -190,7 +195,6 @@ class LSTMConfig:
         check_positive("embed_std", self.embed_std)
         for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES)):
             check_choice(name, getattr(self, name), allowed)
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        check_seed(self.seed)
         check_config_fits(self, (LSTM_KIND,))  # refused before anything is made
         return self

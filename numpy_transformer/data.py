@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._checks import check_file, check_ids
+from ._checks import check_ids
+from .files import check_file, read_file
 from .functional.softmax import cross_entropy_forward
 from .memory import SCHEDULE_ITEM, check_fits, format_bytes
 
@@ -219,18 +220,10 @@ def load_text(path: str | Path) -> str:
     size = check_file(path).st_size
     check_fits(lambda s: {"the text and its token ids": s["bytes"] * TEXT_BYTES},
                {"bytes": size}, label=lambda _, n: f"{path} ({format_bytes(n)})")
-    data = path.read_bytes()
-    if not data:
+    text = read_file(path, text=True)
+    if not text:
         raise ValueError(f"{path}: the file is empty")
-    if b"\x00" in data:
-        offset = data.index(b"\x00")
-        raise ValueError(f"{path}: looks like a binary file (it contains a NUL byte at offset "
-                         f"{offset}), expected UTF-8 text")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not valid UTF-8 text (byte {data[e.start]:#04x} at offset "
-                         f"{e.start})") from None
+    return text
 
 
 def train_val_split(ids: np.ndarray, frac: float = 0.9) -> tuple[np.ndarray, np.ndarray]:

@@ -205,11 +205,17 @@ def _check_prompt(name: str, ids, vocab: int) -> tuple[np.ndarray, bool]:
     return (ids[None] if single else ids).astype(np.int64), single
 
 
-def _check_run(steps, rng, temperature, top_k, top_p, greedy) -> None:
-    """Refuse, naming the value, a ``steps`` or a sampling option a decoding loop cannot use."""
+def _check_run(steps, rng, temperature, top_k, top_p, greedy, vocab=None,
+               rows: int = 0) -> None:
+    """Refuse, naming the value, a ``steps``, a sampling option or a ``vocab`` limit (None,
+    or an integer in [1, rows]) a decoding loop cannot use."""
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
         raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
     check_sampling(rng, temperature, top_k, top_p, greedy)
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, (int, np.integer))
+                              or not 1 <= vocab <= rows):
+        raise ValueError(f"vocab must be an integer in [1, {rows}] (the model's rows), got "
+                         f"{vocab!r}")
 
 
 @contextmanager
@@ -249,8 +255,7 @@ def generate(model: DecoderLM | LSTMLM, prompt_ids, steps: int,
         Run in eval mode (dropout off); its previous mode is restored afterwards. An LSTMLM
         carries its state from token to token (:class:`RecurrentDecoder`).
     prompt_ids : array of int, shape (T,) or (B, T)
-        T >= 1 token ids in ``[0, vocab)``; longer than ``max_len`` is allowed (the window
-        policy crops it).
+        T >= 1 token ids in ``[0, vocab)``; longer than ``max_len``, the window policy crops it.
     steps : int
         Tokens to add (0 returns the prompt).
     rng : np.random.Generator, optional
@@ -259,9 +264,8 @@ def generate(model: DecoderLM | LSTMLM, prompt_ids, steps: int,
     temperature, top_k, top_p, greedy
         How each token is drawn, see :func:`~numpy_transformer.sampling.sample_next`.
     use_cache : bool, default True
-        Decode with the key/value cache (one new row per step), or the LSTM's carried state
-        (one step per token). False recomputes the window (the whole sequence, for an LSTM)
-        with a full forward every step: slower, the same logits (the reference).
+        Decode with the key/value cache (one new row per step), or the LSTM's carried state.
+        False recomputes the window (an LSTM's whole sequence) every step: the reference.
     policy : {"refill", "recompute"}, optional
         What a DecoderLM does at ``max_len``; see the module docstring. Default ``"refill"``;
         ``"recompute"`` with ``use_cache=False`` is the chapter's cropped-window sampler. An
@@ -270,8 +274,8 @@ def generate(model: DecoderLM | LSTMLM, prompt_ids, steps: int,
         Tokens kept when the window is full (``policy="refill"``; default ``max_len // 2``).
         Not for an LSTMLM.
     vocab : int, optional
-        Draw only ids below it: a tokenizer with fewer ids than the model's embedding rows
-        (GPT-2's 50,257 in nanoGPT's table of 50,304). Default every row.
+        Draw only ids below it: a tokenizer with fewer ids than the model has rows (GPT-2's
+        50,257 in nanoGPT's table of 50,304).
 
     Returns
     -------
@@ -282,24 +286,18 @@ def generate(model: DecoderLM | LSTMLM, prompt_ids, steps: int,
     ------
     ValueError
         For a model that is not a ``DecoderLM`` or an ``LSTMLM``, ids outside the vocabulary,
-        an empty prompt, negative ``steps``, an unknown policy, a bad ``keep``, a policy or
-        ``keep`` for an LSTMLM, or bad sampling options.
+        an empty prompt, a bad ``steps``, ``policy``, ``keep``, ``vocab`` or sampling option.
     """
     decoder = _decoder_for(model, use_cache, policy, keep)
     prompt, single = _check_prompt("prompt_ids", prompt_ids, model.config.vocab)
     rng = np.random.default_rng() if rng is None and not greedy else rng
-    _check_run(steps, rng, temperature, top_k, top_p, greedy)
-    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, (int, np.integer))
-                              or not 1 <= vocab <= model.config.vocab):
-        raise ValueError(f"vocab must be an integer in [1, {model.config.vocab}] (the model's "
-                         f"rows), got {vocab!r}")
+    _check_run(steps, rng, temperature, top_k, top_p, greedy, vocab, model.config.vocab)
     new = []  # one (B,) array per step
     with _evaluating(model):
         if steps:
             logits = decoder.start(prompt)  # (B, V)
         for step in range(steps):
-            new.append(sample_next(logits[:, :vocab], rng, temperature, top_k, top_p,
-                                   greedy))  # (B,)
+            new.append(sample_next(logits[:, :vocab], rng, temperature, top_k, top_p, greedy))
             if step + 1 < steps:  # the last token needs no logits after it
                 logits = decoder.append(new[-1])
     ids = np.concatenate([prompt] + [t[:, None] for t in new], axis=1)  # (B, T + steps)

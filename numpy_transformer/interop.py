@@ -137,7 +137,16 @@ def to_torch_layout(model: Module, arrays: Mapping[str, np.ndarray]) -> dict[str
     state : dict of str to ndarray
         New C-contiguous arrays under the torch names, linear weights transposed to
         (C_out, C_in).
+
+    Raises
+    ------
+    ValueError
+        If ``arrays`` lacks a parameter of ``model`` (they are another model's).
     """
+    missing = sorted(set(torch_names(model)) - set(arrays))
+    if missing:
+        raise ValueError(f"the arrays are not those of the {type(model).__name__}'s "
+                         f"parameters: no {missing[0]!r} among them ({len(missing)} missing)")
     return {torch_name: np.array(arrays[ours].T if transpose else arrays[ours], order="C")
             for ours, (torch_name, transpose) in torch_names(model).items()}  # always copies
 

@@ -130,12 +130,15 @@ def tensor_stats_figure(stats: list[dict]):
     axes = fig.subplots(len(groups), 2, squeeze=False)
     colors = colormaps["tab20"]
     for row, (group, names) in zip(axes, groups.items(), strict=True):
-        for key, ax, label in (("grad_norm", row[0], "gradient norm (after clipping)"),
-                               ("update_ratio", row[1], "update / weight  ||dW|| / ||W||")):
+        for key, ax, label, unit in (
+                ("grad_norm", row[0], "gradient norm (after clipping)", "||dL/dW|| (nats / unit)"),
+                ("update_ratio", row[1], "update / weight  ||dW|| / ||W||",
+                 "||dW|| / ||W|| per step")):
             for i, name in enumerate(names):
                 ax.plot(steps, [s[name][key] for s in stats], lw=1, color=colors(i % 20),
                         ls="-" if i < 20 else "--", label=name[len(group):].lstrip("."))
             ax.set_yscale("log")
+            ax.set_ylabel(unit, fontsize=8)
             ax.set_title(f"{group or 'embeddings, final norms, head'}: {label}", fontsize=10)
             ax.grid(alpha=0.3)
         row[1].legend(fontsize=7, ncol=1 + len(names) // 10, loc="center left",
@@ -143,6 +146,50 @@ def tensor_stats_figure(stats: list[dict]):
     for ax in axes[-1]:
         ax.set_xlabel("step")
     fig.tight_layout()
+    return fig
+
+
+def block_gradient_norms(stats: list[dict], blocks: int,
+                         prefix: str = "decoder.blocks") -> np.ndarray:
+    """Each block's gradient norm, all its tensors together, at every record of ``stats``
+    (:attr:`numpy_transformer.train.Trainer.tensor_stats`): shape (records, blocks)."""
+    return np.array([[np.sqrt(sum(v["grad_norm"] ** 2 for n, v in s.items()
+                                  if n.startswith(f"{prefix}.{i}.")))
+                      for i in range(blocks)] for s in stats])
+
+
+def norm_placement_figure(runs: dict[str, tuple[list[float], np.ndarray]]):
+    """Runs side by side: the training loss of each, then one panel per run with the
+    gradient norm of every block over the steps (log10, one colour scale).
+
+    Parameters
+    ----------
+    runs : dict of str to (list of float, ndarray of shape (steps, blocks))
+        Per run (``"pre-LN"``, ``"post-LN"``): the loss of every step and
+        :func:`block_gradient_norms` recorded every step.
+
+    Returns
+    -------
+    fig : matplotlib.figure.Figure
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.7 * (len(runs) + 1), 3.8), layout="constrained")
+    axes = fig.subplots(1, len(runs) + 1)
+    for name, (losses, _) in runs.items():
+        axes[0].plot(np.arange(1, len(losses) + 1), losses, label=name)
+    axes[0].set_xlabel("step")
+    axes[0].set_ylabel("training loss (nats)")
+    axes[0].legend()
+    axes[0].grid(alpha=0.3)
+    for ax, (name, (_, per_block)) in zip(axes[1:], runs.items(), strict=True):
+        image = ax.imshow(np.log10(per_block.T + 1e-12), aspect="auto", origin="lower",
+                          cmap="magma", vmin=-6, vmax=0,
+                          extent=(0.5, per_block.shape[0] + 0.5, -0.5, per_block.shape[1] - 0.5))
+        ax.set_title(f"{name}: gradient norm per block", fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_ylabel("block (0 = next to the embeddings)")
+    fig.colorbar(image, ax=axes[1:], label="log10 ||dL/dW|| of the block (nats / unit)")
     return fig
 
 

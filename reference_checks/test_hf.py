@@ -303,9 +303,9 @@ def test_the_round_trip_through_transformers_at_the_command_line(tmp_path, shape
     (tuned / "tokenizer.json").unlink()
     for argv, message in (
             (["import", str(hf_dir), "--out", str(tmp_path / "x")],
-             "its vocabulary is not the characters of the embedded corpus (only the text's"),
+             "the embedded corpus has 83 character(s) outside the tokenizer's vocabulary"),
             (["import", str(tuned), "--out", str(tmp_path / "y"), "--text", str(text)],
-             "no tokenizer")):
+             "without a tokenizer")):
         capsys.readouterr()
         assert cli.main(argv) == 2
         err = capsys.readouterr().err

@@ -110,7 +110,8 @@ def our_logits_and_grads(model, ids, family: str = "llama"):
     """Logits, the loss of transformers' labels (position t predicts token t + 1), and every
     weight's gradient in transformers' names and layouts."""
     model.zero_grad()
-    logits = model.forward(ids)
+    with model.enable_grad():  # in evaluation mode, as transformers': no dropout
+        logits = model.forward(ids)
     targets = np.concatenate([ids[:, 1:], np.full((B, 1), -100)], axis=1)  # last: none
     loss, cache = F.cross_entropy_forward(logits, targets)
     model.backward(F.cross_entropy_backward(1.0, cache))

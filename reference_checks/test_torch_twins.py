@@ -186,6 +186,71 @@ def test_adam_from_torch_refuses_what_ours_cannot_hold():
     assert adam_from_torch(mixed, twin, model).t == 2
 
 
+# Issue 43: what used to escape as a foreign exception, each with its control (the same call
+# on the right arguments works), and a stub that raises KeyError shown to fail the check.
+def _refused(call, *words):
+    """``call()`` raises ValueError naming each of ``words`` (a KeyError, AttributeError or
+    RuntimeError escapes and fails the test)."""
+    with pytest.raises(ValueError) as caught:
+        call()
+    assert all(word in str(caught.value) for word in words), str(caught.value)
+
+
+def test_the_refusal_check_catches_a_foreign_exception():
+    with pytest.raises(KeyError):  # negative control: adam_from_torch's old KeyError
+        _refused(lambda: {}["exp_avg"], "exp_avg")
+
+
+def _lstm_model():
+    return nn.LSTMLM(nn.LSTMConfig(vocab=V, hidden=4, max_len=T, backend="numpy"))
+
+
+@pytest.mark.parametrize("case", ["meta device", "config None", "an LSTM config"])
+def test_from_torch_refuses_a_twin_it_cannot_read(case):
+    model = nn.DecoderLM(config())
+    twin = to_torch(model)
+    assert type(from_torch(twin)) is nn.DecoderLM  # the control
+    if case == "meta device":
+        _refused(lambda: from_torch(twin.to("meta")), "is on the meta device", "to_empty")
+        return
+    twin.config = None if case == "config None" else _lstm_model().config
+    _refused(lambda: from_torch(twin), "config must be a TransformerConfig",
+             type(twin.config).__name__)
+
+
+def _stepped_torch_adam(twin, steps=1):
+    opt = torch.optim.Adam(twin.parameters(), lr=1e-3)
+    for _ in range(steps):
+        opt.zero_grad()
+        twin(torch.from_numpy(batch(0)[0])).square().mean().backward()
+        opt.step()
+    return opt
+
+
+def test_adam_both_ways_refuse_the_twin_of_another_model():
+    model, lstm = nn.DecoderLM(config()), _lstm_model()
+    twin, lstm_twin = to_torch(model), to_torch(lstm)
+    opt = _stepped_torch_adam(twin)
+    assert adam_from_torch(opt, twin, model, backend="numpy").t == 1  # the control
+    _refused(lambda: adam_from_torch(opt, twin, lstm, backend="numpy"),
+             "has no parameter", "LSTMLM", "to_torch(model)")
+    ours = adam_from_torch(opt, twin, model, backend="numpy")
+    assert adam_to_torch(ours, model, twin).state  # the control
+    _refused(lambda: adam_to_torch(ours, model, lstm_twin), "has no parameter", "DecoderLM")
+    _refused(lambda: adam_to_torch(ours, lstm, lstm_twin),  # moments of the other model
+             "not those of the LSTMLM's parameters")
+
+
+@pytest.mark.parametrize("key", ["exp_avg", "exp_avg_sq", "step"])
+def test_adam_from_torch_refuses_a_state_without_a_moment(key):
+    model = nn.DecoderLM(config())
+    twin = to_torch(model)
+    opt = _stepped_torch_adam(twin)
+    name, param = next(iter(twin.named_parameters()))
+    del opt.state[param][key]
+    _refused(lambda: adam_from_torch(opt, twin, model, backend="numpy"), name, repr(key))
+
+
 def test_safetensors_export_loads_into_the_twin_with_pytorch_alone(tmp_path):
     st = pytest.importorskip("safetensors.torch", reason="the exchange format needs safetensors")
     from numpy_transformer.export import load_safetensors, save_safetensors

@@ -1,7 +1,8 @@
 """The library's API refuses, with a ``ValueError`` naming the argument, on both backends:
 empty sequences and head width 0 in attention, float16 on the numba backend, ``backward``
 before ``forward`` in every module, an upstream gradient of the wrong shape for every module
-and every functional backward, and a lone surrogate in ``CharTokenizer`` (issue 14, item 9).
+and every functional backward, a lone surrogate in ``CharTokenizer`` (issue 14, item 9), a
+junk cache given to the LSTM's backward and a negative seed (issue 43).
 
 The kernels' own checks, argument by argument, are in ``tests/test_kernel_inputs.py``.
 """
@@ -283,3 +284,42 @@ def test_tokenizer_refuses_a_lone_surrogate():
         tok.encode("ab\udc80", unknown="skip")
     with pytest.raises(ValueError, match=r"U\+D800 at position 3"):
         CharTokenizer("abc\ud800d")
+
+
+# --------------------------------------------------------------------------- issue 43
+def refuses(call: Callable, *words: str) -> None:
+    """``call()`` raises ``ValueError`` naming each of ``words``; any other exception (the
+    foreign ones these cases used to raise) escapes and fails the test."""
+    with pytest.raises(ValueError) as caught:
+        call()
+    for word in words:
+        assert word in str(caught.value), (word, str(caught.value))
+
+
+def test_refuses_lets_a_foreign_exception_fail_the_test():
+    """Negative control: a stub that raises KeyError, as adam_from_torch did, is not taken for
+    a refusal."""
+    with pytest.raises(KeyError):
+        refuses(lambda: {}["exp_avg"], "exp_avg")
+    with pytest.raises(AssertionError):  # a ValueError that does not name the value
+        refuses(lambda: int("x"), "seed")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("junk", [(1, 2), None, "cache", ()])
+def test_lstm_backward_refuses_a_junk_cache(backend, junk):
+    ops = get_backend(backend)
+    refuses(lambda: ops.lstm_backward(arr(B, T, 5), None, None, junk),
+            "cache must be the LSTMCache", type(junk).__name__)
+
+
+@pytest.mark.parametrize("make", [
+    lambda seed: nn.LSTMLM(LSTMConfig(vocab=V, hidden=4, max_len=T, backend="numpy",
+                                      seed=seed)),
+    lambda seed: nn.DecoderLM(TransformerConfig(vocab=V, width=C, heads=H, layers=1,
+                                                ffn_width=8, max_len=T, backend="numpy",
+                                                seed=seed)),
+])
+def test_a_negative_seed_is_named(make):
+    refuses(lambda: make(-1), "seed must be an integer >= 0, got -1")
+    assert make(0) is not None  # the control: seed 0 builds

@@ -127,3 +127,28 @@ def test_the_hf_export_writes_the_bpe_and_the_pipeline_continues_as_we_do(bpe_ru
     assert "tokens, vocabulary 320" in out
     ft = load_checkpoint(tmp_path / "ft" / "checkpoint.npz")
     assert ft.options["tokenizer"] == "bpe" and ft.options["vocab_size"] == 320
+
+
+def test_a_vocabulary_larger_than_the_text_can_make_is_not_asked_for(tmp_path):
+    """--vocab-size 10**12 once aborted the interpreter (the trainer reserved 72 TB for the
+    size it was asked). The trainer is now asked for no more entries than the text can make
+    (each merge joins two of its bytes), in a subprocess: an abort cannot take pytest with it.
+    Negative control: the tokenizers trainer asked for 10**12 itself aborts."""
+    import subprocess
+
+    from _subprocess_helpers import cli
+
+    text = small_text(tmp_path)
+    size = len(text.read_text(encoding="utf-8").encode("utf-8"))
+    code, out, err = cli("train", "--text", text, *TINY, "--backend", "numpy", "--steps", "1",
+                         "--tokenizer", "bpe", "--vocab-size", 10**12, "--quiet",
+                         "--out", tmp_path / "run")
+    assert code == 0, err
+    vocab = load_checkpoint(tmp_path / "run" / "checkpoint.npz").config["vocab"]
+    assert 256 < vocab <= 256 + size
+    raw = ("import tokenizers as tk\n"
+           "t = tk.Tokenizer(tk.models.BPE())\n"
+           "t.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)\n"
+           "t.train_from_iterator(['abc abd'], tk.trainers.BpeTrainer(vocab_size=10**12))\n")
+    aborted = subprocess.run([sys.executable, "-c", raw], capture_output=True, timeout=120)
+    assert aborted.returncode != 0, "the trainer took 10**12 without reserving it"

@@ -195,7 +195,7 @@ def test_unwritable_run_folder(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("in the way")
     text = small_text(tmp_path)
-    for out, pattern in ((blocker / "run", "cannot write to run folder"),
+    for out, pattern in ((blocker / "run", "is a file, not a folder"),
                          (blocker, "not a folder")):
         code, _, err = run_cli(["train", *TINY, "--text", text, "--steps", "2", "--out", out,
                                 "--quiet"])

@@ -54,6 +54,21 @@ def test_a_bad_value_is_one_line_and_exit_2_from_every_command(name, command, mo
     assert not list(tmp_path.iterdir())  # nothing was started, nothing written
 
 
+@pytest.mark.parametrize("value", ["lstm.", ".lstm", "lstm..lstm_forward",
+                                   "lstm.lstm_backward."])
+def test_a_kernel_name_cut_by_a_stray_dot_is_refused(value, monkeypatch):
+    """A trailing dot is not the whole module (negative control: the module and one of its
+    operations, spelled right, are taken)."""
+    monkeypatch.setenv("NUMPY_TRANSFORMER_KERNELS", value)
+    with pytest.raises(ValueError, match=f"names '{value}', not a kernel module"):
+        kernel_selection()
+    code, _, err = run_cli(["train", "--steps", "1", "--out", "unused"])
+    assert code == 2 and one_line_error(err) and repr(value) in err, err
+    for fine in ("lstm", "lstm.lstm_forward,lstm.lstm_backward"):
+        monkeypatch.setenv("NUMPY_TRANSFORMER_KERNELS", fine)
+        assert kernel_selection() == tuple(fine.split(","))
+
+
 @pytest.mark.parametrize("kernel", NEEDS_ITS_PARTNER)
 def test_a_kernel_that_needs_its_partner_is_refused_alone(kernel, monkeypatch):
     partner, why = NEEDS_ITS_PARTNER[kernel]

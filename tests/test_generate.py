@@ -303,7 +303,9 @@ def test_generate_greedy_equals_argmax_of_forward():
     (dict(temperature=0.0), "temperature must be a finite number > 0, got 0.0"),
     (dict(top_k=0), "top_k must be an integer >= 1 .* got 0"),
     (dict(top_p=1.5), r"top_p must lie in \(0, 1\] .* got 1.5"),
-    (dict(rng=None), "rng must be a np.random.Generator"),
+    (dict(rng=42), "rng must be a np.random.Generator .* got int"),
+    (dict(vocab=0), r"vocab must be an integer in \[1, 11\]"),
+    (dict(vocab=12), "got 12"),
 ])
 def test_generate_bad_inputs(kwargs, match):
     model = DecoderLM(tiny_config())
@@ -476,3 +478,23 @@ def test_max_len_one_reads_only_the_last_token(policy):
     model.eval()
     for t in range(2, 6):
         assert out[t] == model.forward(out[None, t - 1:t])[0, -1].argmax()
+
+
+def test_generate_without_an_rng_draws_from_a_fresh_one():
+    """The README's ``generate(model, ids, steps=300)``: no generator given, a fresh unseeded
+    one draws (two calls differ); greedy needs none."""
+    model = DecoderLM(tiny_config())
+    outs = {tuple(generate(model, [1, 2], 30, temperature=2.0)) for _ in range(3)}
+    assert len(outs) > 1 and all(len(o) == 32 for o in outs)
+    np.testing.assert_array_equal(generate(model, [1, 2], 5, greedy=True),
+                                  generate(model, [1, 2], 5, None, greedy=True))
+
+
+def test_generate_draws_only_ids_below_vocab():
+    """A tokenizer with fewer ids than the model has rows: the rows above are never drawn,
+    whatever their logits (here the largest)."""
+    model = DecoderLM(tiny_config())
+    model.head.params["b"][8:] = 100.0  # ids 8, 9, 10 would win every draw
+    out = generate(model, [1, 2], 40, np.random.default_rng(0), vocab=8)
+    assert out[2:].max() < 8
+    assert generate(model, [1, 2], 5, greedy=True)[2:].min() >= 8  # the control

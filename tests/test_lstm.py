@@ -235,6 +235,7 @@ def test_parameters_and_initialisation_follow_torch():
     ("backend", "torch", "backend must be one of"),
     ("dtype", "float16", "dtype must be one of"),
     ("seed", "0", "seed must be an integer"),
+    ("seed", -1, "seed must be an integer >= 0, got -1"),  # NumPy's words were its own
     ("embed_std", float("inf"), "embed_std must be a positive finite number"),
     ("embed_std", float("nan"), "embed_std must be a positive finite number"),
 ])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP_DIRS = {".git", ".venv-ci", ".ipynb_checkpoints", "build", "dist", "runs"}
+SKIP_DIRS = {".git", ".venv-ci", ".ipynb_checkpoints", "build", "dist", "runs", "_build"}
 
 
 def load_tool():

@@ -171,3 +171,75 @@ def test_the_exit_code_table_lists_every_code_and_every_command():
     # negative control: a table without the 74 row, or naming a command that does not exist
     assert "74" not in exit_code_rows("| 0 | all | fine |\n| 1 | `train` | diverged |\n")
     assert exit_code_rows("| 1 | `fly` | no |\n")["1"] == {"fly"}
+
+
+# ------------------------------------------------------------------ the prose a reader copies
+def prose_lines(text: str) -> list[str]:
+    """The inline code of a document's prose (fenced blocks aside) that is a Python statement
+    calling one of the package's functions (not a method: ``TransformerConfig.validate()``
+    names one, a reader does not run it as written)."""
+    import ast
+
+    import numpy_transformer
+
+    prose = re.sub(r"^```.*?^```$", "", text, flags=re.S | re.M)
+    lines = []
+    for span in re.findall(r"`([^`\n]+)`", prose):
+        try:
+            tree = ast.parse(span)
+        except SyntaxError:
+            continue
+        calls = [ast.unparse(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)]
+        names = {name: getattr(numpy_transformer, name, None) for name in
+                 numpy_transformer.__all__ + ["generate"]}
+        names["generate"] = __import__("numpy_transformer.generate").generate.generate
+        for call in calls:
+            head, _, rest = call.removeprefix("numpy_transformer.").partition(".")
+            target = names.get(head)
+            for part in rest.split(".") if rest and target is not None else []:
+                target = getattr(target, part, None)
+            if callable(target) and "." not in getattr(target, "__qualname__", "."):
+                lines.append(span)
+                break
+    return lines
+
+
+def run_prose(lines: list[str], namespace: dict) -> list[str]:
+    """Run each line whose names the lines before it (or the package) define; returns the
+    ones that raised, with their errors."""
+    import ast
+    import builtins
+
+    failed = []
+    for line in lines:
+        free = {n.id for n in ast.walk(ast.parse(line)) if isinstance(n, ast.Name)
+                and isinstance(n.ctx, ast.Load)}
+        if not free <= set(namespace) | set(dir(builtins)):
+            continue  # it reads a name the prose never made (model, dir): a sketch
+        try:
+            exec(line, namespace)
+        except Exception as e:  # noqa: BLE001 - the line's own error, named with it
+            failed.append(f"{line!r}: {e!r}")
+    return failed
+
+
+def test_the_python_a_reader_copies_from_the_prose_runs(tmp_path, monkeypatch):
+    """``run = numpy_transformer.load_run("runs/char-lm")``, then ``generate(run.model, ...)``:
+    the lines of the README's prose, run in order in a folder where the README's first
+    command has trained (two steps); a broken line is caught (the negative control)."""
+    import numpy as np
+
+    import numpy_transformer
+    from numpy_transformer import cli
+    from numpy_transformer.generate import generate
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NUMPY_TRANSFORMER_STEPS", "2")
+    assert cli.main(["train", "--quiet"]) == 0
+    lines = prose_lines(README.read_text(encoding="utf-8"))
+    assert any("load_run" in line for line in lines) and any("generate(" in line
+                                                              for line in lines)
+    namespace = {"numpy_transformer": numpy_transformer, "np": np, "generate": generate}
+    assert run_prose(lines, dict(namespace)) == []
+    broken = [line.replace("steps=300", "steps=-1") for line in lines]
+    assert any("steps must be" in f for f in run_prose(broken, dict(namespace)))

@@ -1,6 +1,6 @@
 """The run package's imports point one way (outputs <- options <- environment <- folder <-
-state <- stored <- sample <- report <- loop), and the command line imports nothing heavy before a
-command runs."""
+state <- stored <- sources <- init_from <- ... <- report <- loop), and the command line imports
+nothing heavy before a command runs."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import numpy_transformer
 
 PACKAGE = Path(numpy_transformer.__file__).parent
 # Each module of numpy_transformer.runs may import only the modules before it.
-ORDER = ("outputs", "options", "environment", "folder", "state", "stored", "init_from",
-         "importing",
+ORDER = ("outputs", "options", "environment", "folder", "state", "stored", "sources",
+         "init_from", "importing",
          "sample", "evaluate",
          "export", "report", "tensorboard", "loop")
 # What cli.py may import when it is loaded: the standard library and these light modules.
@@ -76,9 +76,15 @@ def test_runs_modules_import_one_way():
 
 
 def test_options_uses_only_the_standard_library_and_the_config():
+    """options (and the file reader it takes --config through) load no NumPy."""
     found = imported_modules(runs_sources()["options"], "numpy_transformer.runs.options")
     ours = {m for m in found if m.startswith("numpy_transformer")}
-    assert ours == {"numpy_transformer.config", "numpy_transformer.runs.outputs"}
+    assert ours == {"numpy_transformer.config", "numpy_transformer.files",
+                    "numpy_transformer.runs.outputs"}
+    assert not found & {"numpy", "numba", "matplotlib"}
+    found = imported_modules((PACKAGE / "files.py").read_text(encoding="utf-8"),
+                             "numpy_transformer.files")
+    assert not {m for m in found if m.startswith("numpy_transformer")}
     assert not found & {"numpy", "numba", "matplotlib"}
     found = imported_modules(runs_sources()["outputs"], "numpy_transformer.runs.outputs")
     assert not {m for m in found if m.startswith("numpy_transformer")}

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from _run_helpers import TINY, one_line_error, run_cli, small_text
 
-from numpy_transformer.runs.tensorboard import FOLDER, scalars
+from numpy_transformer.runs.outputs import EVENTS_FOLDER as FOLDER
+from numpy_transformer.runs.tensorboard import scalars
 
 event_pb2 = pytest.importorskip("tensorboardX.proto.event_pb2",
                                 reason="needs tensorboardX (the tensorboard extra)")

@@ -56,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import nn as ours
+from ..allocator import release_freed_memory
 from ..config import TransformerConfig
 from ..data import CharTokenizer
 from ..memory import parameter_count
@@ -315,6 +316,18 @@ def save_hf(directory: str | Path, model: ours.DecoderLM,
     return family
 
 
+def _transformers_config(directory: Path):
+    """The ``transformers`` config of ``directory``'s ``config.json``, or ``ValueError`` in one
+    line saying why it is none."""
+    transformers = require("transformers", "the Hugging Face import")
+    try:
+        return transformers.AutoConfig.from_pretrained(str(directory))
+    except Exception as e:  # transformers' own errors for a config it cannot read
+        reason = " ".join(line.strip() for line in str(e).splitlines())  # one line
+        raise ValueError(f"{directory / 'config.json'}: not a transformers config "
+                         f"({type(e).__name__}: {reason})") from None
+
+
 def load_hf(directory: str | Path, backend: str | None = None) -> Exported:
     """Read a ``transformers`` directory of GPT-2's or LLaMA's shape into a ``DecoderLM``.
 
@@ -347,15 +360,9 @@ def load_hf(directory: str | Path, backend: str | None = None) -> Exported:
     if not (directory / "config.json").is_file() or not weights.is_file():
         raise ValueError(f"{directory}: not a Hugging Face model directory with config.json "
                          f"and model.safetensors")
-    transformers = require("transformers", "the Hugging Face import")
     _, header = read_header(weights, "the Hugging Face import")
     dtype = check_dtypes(weights, header)
-    try:
-        hf = transformers.AutoConfig.from_pretrained(str(directory))
-    except Exception as e:  # transformers' own errors for a config it cannot read
-        reason = " ".join(line.strip() for line in str(e).splitlines())  # one line
-        raise ValueError(f"{directory / 'config.json'}: not a transformers config "
-                         f"({type(e).__name__}: {reason})") from None
+    hf = _transformers_config(directory)
     try:
         config = _our_config(hf, dtype, backend)
         held, wanted = sum(math.prod(shape) for _, shape in header.values()), parameter_count(
@@ -363,13 +370,14 @@ def load_hf(directory: str | Path, backend: str | None = None) -> Exported:
         if wanted > held:  # before the model is built: the header's sizes cost no memory
             raise ValueError(f"model.safetensors holds {held:,} numbers, fewer than the "
                              f"{wanted:,} weights of its config's model")
-        state = read_tensors(weights, "the Hugging Face import")
-        model = ours.DecoderLM(config)
-        model.load_state_dict(from_hf_state(state, config, hf.model_type))
         tokenizer = load_tokenizer(directory)
         if tokenizer is not None and tokenizer.vocab_size > config.vocab:
             raise ValueError(f"its tokenizer has {tokenizer.vocab_size:,} ids, more than the "
                              f"model's {config.vocab:,} embedding rows")
+        model = ours.DecoderLM(config)
+        release_freed_memory()  # the float64 draws of its init, before the weights come in
+        model.load_state_dict(from_hf_state(read_tensors(weights, "the Hugging Face import"),
+                                            config, hf.model_type))
     except (ValueError, TypeError, KeyError, AttributeError, json.JSONDecodeError) as e:
         raise ValueError(f"{directory}: {e}") from None
     model.eval()  # as transformers' from_pretrained returns it: dropout off

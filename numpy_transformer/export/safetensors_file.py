@@ -44,6 +44,7 @@ from .. import nn as ours
 from ..bpe import tokenizer_from_dict
 from ..config import DEFAULT_BACKEND, LSTMConfig, TransformerConfig
 from ..data import CharTokenizer
+from ..files import check_file
 from ..memory import parameter_count
 from ..optim import Adam, AdamW
 from ._require import require
@@ -87,8 +88,10 @@ def read_header(path: Path, purpose: str) -> tuple[dict[str, str], dict[str, tup
     """The file's metadata and its tensors' ``(dtype, shape)`` by name, read from its header
     alone (no tensor is read yet)."""
     safetensors = require("safetensors", purpose)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file")
+    check_file(path)
+    # Opened once here: a file we may not read raises the OSError it is (permission denied,
+    # named: the command line's exit 74), where the package would say "No such file"
+    open(path, "rb").close()
     try:
         with safetensors.safe_open(str(path), framework="np") as f:
             slices = {name: f.get_slice(name) for name in f.keys()}
@@ -113,23 +116,53 @@ def _json(path: Path, meta: dict[str, str], key: str, kind: type = dict):
     return value
 
 
+# The stored dtypes a file's tensors may have, and the one each is read as: half precision
+# (float16, and bfloat16, the top 16 bits of a float32) as float32, which this library computes in
+STORED = {"F32": ("<f4", "float32"), "F64": ("<f8", "float64"), "F16": ("<f2", "float32"),
+          "BF16": ("<u2", "float32")}
+
+
 def check_dtypes(path: Path, header: dict[str, tuple]) -> str:
-    """The one float dtype of the file's tensors, ``"float32"`` or ``"float64"``."""
+    """The one float dtype the file's tensors are read as, ``"float32"`` or ``"float64"``
+    (float16 and bfloat16 weights, as LLaMA's often are, are read as float32)."""
     dtypes = {dtype for dtype, _ in header.values()}
-    if "BF16" in dtypes:
-        raise ValueError(f"{path}: bfloat16 weights; this library computes in float32 or "
-                         f"float64: convert them first (in PyTorch, tensor.float())")
-    if len(dtypes) != 1 or not dtypes <= {"F32", "F64"}:
-        raise ValueError(f"{path}: the weights must be all float32 or all float64, got "
-                         f"{sorted(dtypes)}")
-    return {"F32": "float32", "F64": "float64"}[dtypes.pop()]
+    read_as = {STORED[d][1] for d in dtypes if d in STORED}
+    if not dtypes or not dtypes <= set(STORED) or len(read_as) != 1:
+        raise ValueError(f"{path}: the weights must be all float32 or half precision (F16, "
+                         f"BF16), or all float64, got {sorted(dtypes)}")
+    return read_as.pop()
 
 
 def read_tensors(path: Path, purpose: str) -> dict:
-    """Every tensor of the file, each checked finite."""
+    """Every tensor of the file as :func:`check_dtypes` reads it, each checked finite.
+
+    One tensor at a time, straight from the file into its array (the format: an 8-byte
+    little-endian header length, the JSON header with each tensor's ``dtype``, ``shape`` and
+    ``data_offsets``, the data): ``safetensors.numpy.load_file`` would hold the file's bytes
+    beside the arrays, twice the weights at GPT-2's size.
+    """
+    _, header = read_header(path, purpose)  # the package's own checks of the header
+    if header:  # (an optimiser's file before its first step holds no tensor)
+        check_dtypes(path, header)
+    tensors = {}
     try:
-        tensors = _numpy_api(purpose).load_file(str(path))
-    except Exception as e:  # a truncated or tampered data section: the package's own error
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            layout = json.loads(f.read(length))
+            for name, (dtype, shape) in header.items():
+                start, end = layout[name]["data_offsets"]
+                stored, read_as = STORED[dtype]
+                count = math.prod(shape)
+                if end - start != count * np.dtype(stored).itemsize:
+                    raise ValueError(f"its {shape} {dtype} data spans {end - start} bytes")
+                f.seek(8 + length + start)
+                a = np.fromfile(f, dtype=stored, count=count)
+                if a.size != count:
+                    raise ValueError("the file ends inside its data")
+                if dtype == "BF16":  # the top half of a float32's bits
+                    a = (a.astype(np.uint32) << 16).view(np.float32)
+                tensors[name] = a.astype(read_as, copy=False).reshape(shape)
+    except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: cannot read its tensors ({type(e).__name__}: {e})") from None
     for name, a in tensors.items():
         if not np.isfinite(a).all():

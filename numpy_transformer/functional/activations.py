@@ -42,7 +42,12 @@ def erf(x: np.ndarray) -> np.ndarray:
 def relu_forward(x: np.ndarray, *, keep: bool = True):
     """``out = max(x, 0)``. Returns ``(out, cache)``; the cache is ``out`` itself, which is
     positive exactly where x is (do not write into it before the backward); None without
-    ``keep`` (inference: no backward follows)."""
+    ``keep`` (inference: no backward follows).
+
+    Notes
+    -----
+    (1) out = max(x, 0)
+    """
     out = np.maximum(x, 0)
     return out, out if keep else None
 
@@ -51,7 +56,7 @@ def relu_backward(dout: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``dx = dout * [x > 0] = dout * [out > 0]`` (the subgradient 0 is used at x = 0, as
     PyTorch does)."""
     check_shaped("dout", dout, out.shape)
-    return dout * (out > 0)
+    return dout * (out > 0)  # (1) out = max(x, 0)  =>  dx = dout [x > 0]
 
 
 # ----------------------------------------------------------------------------- GELU (erf)
@@ -60,6 +65,10 @@ def gelu_forward(x: np.ndarray, *, keep: bool = True):
 
     Returns ``(out, cache)``; the cache is a copy of x (the caller may write into its own),
     None without ``keep`` (inference: no backward follows).
+
+    Notes
+    -----
+    (1) out = x Phi(x),  Phi(x) = (1 + erf(x / sqrt(2))) / 2
     """
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0))), x.copy() if keep else None
 
@@ -67,6 +76,7 @@ def gelu_forward(x: np.ndarray, *, keep: bool = True):
 def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``d/dx [x Phi(x)] = Phi(x) + x phi(x)``, phi the standard normal density."""
     check_shaped("dout", dout, x.shape)
+    # (1) out = x Phi(x)   =>   dx = dout (Phi(x) + x phi(x))
     cdf = 0.5 * (1.0 + erf(x / math.sqrt(2.0)))
     pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
     return dout * (cdf + x * pdf)
@@ -84,6 +94,10 @@ def gelu_tanh_forward(x: np.ndarray, *, keep: bool = True):
     Returns ``(out, cache)``; the cache is a copy of x, as the exact GELU's (the backward
     computes ``th`` again: one more tanh instead of a second array kept for every layer),
     None without ``keep``.
+
+    Notes
+    -----
+    (1) u = K (x + A x^3),  K = sqrt(2 / pi),  A = 0.044715   (2) out = x/2 (1 + tanh(u))
     """
     return 0.5 * x * (1.0 + np.tanh(_K * (x + _A * x**3))), x.copy() if keep else None
 
@@ -91,6 +105,7 @@ def gelu_tanh_forward(x: np.ndarray, *, keep: bool = True):
 def gelu_tanh_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``d out/dx = (1 + th)/2 + x/2 (1 - th^2) K (1 + 3 A x^2)``."""
     check_shaped("dout", dout, x.shape)
+    # (2), (1) out = x/2 (1 + th), th = tanh(u)   =>   dx = dout d out/dx (the formula above)
     th = np.tanh(_K * (x + _A * x**3))  # the forward's tanh(u)
     return dout * (0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * _K * (1.0 + 3.0 * _A * x * x))
 
@@ -98,7 +113,12 @@ def gelu_tanh_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- SiLU / SwiGLU
 def silu_forward(x: np.ndarray, *, keep: bool = True):
     """``out = x * sigmoid(x)``. Returns ``(out, cache)`` with cache ``(x, sigmoid(x))``, x
-    copied (None without ``keep``)."""
+    copied (None without ``keep``).
+
+    Notes
+    -----
+    (1) s = sigmoid(x)   (2) out = x s
+    """
     sig = 1.0 / (1.0 + np.exp(-x))
     return x * sig, (x.copy(), sig) if keep else None
 
@@ -107,7 +127,7 @@ def silu_backward(dout: np.ndarray, cache) -> np.ndarray:
     """``d/dx [x s(x)] = s (1 + x (1 - s))``."""
     x, sig = cache
     check_shaped("dout", dout, x.shape)
-    return dout * sig * (1.0 + x * (1.0 - sig))
+    return dout * sig * (1.0 + x * (1.0 - sig))  # (2), (1) with s' = s (1 - s)
 
 
 class SwiGLUCache(NamedTuple):
@@ -146,6 +166,10 @@ def dropout_forward(x: np.ndarray, p: float, rng: np.random.Generator, training:
     Returns ``(out, cache)``; the cache is the scaled keep-mask (``None`` when the call is an
     identity: evaluation mode or ``p == 0``; and without ``keep``), so backward reuses
     exactly the forward's mask.
+
+    Notes
+    -----
+    (1) m = 0 with probability p, else 1 / (1 - p)   (2) out = x * m
     """
     _check_probability(p)
     if not training or p == 0.0:
@@ -180,4 +204,4 @@ def dropout_backward(dout: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
     if keep is None:  # the forward was the identity, and kept nothing to check dout against
         return dout
     check_shaped("dout", dout, keep.shape)
-    return dout * keep
+    return dout * keep  # (2) out = x * m  =>  dx = dout * m

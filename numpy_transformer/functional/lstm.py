@@ -66,6 +66,15 @@ def check_lstm_inputs(x, h0, c0, w_ih, w_hh, b) -> tuple[int, int, int, int]:
     return bsz, t_len, c_in, hidden
 
 
+def check_lstm_cache(cache: object) -> LSTMCache:
+    """``cache`` if it is the :class:`LSTMCache` of a forward, else ``ValueError`` naming what
+    it is (a tuple of the wrong length would fail to unpack three frames deep)."""
+    if not isinstance(cache, LSTMCache):
+        raise ValueError(f"cache must be the LSTMCache of lstm_forward, got "
+                         f"{type(cache).__name__}")
+    return cache
+
+
 def _sigmoid(z: np.ndarray) -> np.ndarray:
     """1 / (1 + exp(-z)), written as (1 + tanh(z / 2)) / 2: the same function, no overflow."""
     half = z.dtype.type(0.5)
@@ -81,22 +90,19 @@ def lstm_forward(x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None, w_
     x : ndarray of shape (B, T, C)
     h0, c0 : ndarray of shape (B, H), or None
         The state before the first step; ``None`` is a zero state (as PyTorch's ``hx=None``).
-    w_ih : ndarray of shape (C, 4H)
-        Input weights, gate blocks i, f, g, o (PyTorch's ``weight_ih_l0`` transposed).
-    w_hh : ndarray of shape (H, 4H)
-        Recurrent weights, same blocks (PyTorch's ``weight_hh_l0`` transposed).
+    w_ih, w_hh : ndarray of shape (C, 4H) and (H, 4H)
+        Input and recurrent weights, gate blocks i, f, g, o (PyTorch's ``weight_ih_l0`` and
+        ``weight_hh_l0`` transposed).
     b : ndarray of shape (4H,)
         The bias, PyTorch's ``bias_ih_l0 + bias_hh_l0``.
     keep : bool, default True
-        Whether to return the cache a backward needs; False (inference): None, and nothing
-        is copied.
+        Return the cache a backward needs; False (inference): None, and no copies.
 
     Returns
     -------
     out : ndarray of shape (B, T, H)
-        The hidden states h_1 .. h_T, kept by the cache: do not write into them before the backward.
-    (h_T, c_T) : tuple of ndarray of shape (B, H)
-        The state after the last step (copies), to carry into the next forward.
+        h_1 .. h_T, kept by the cache: do not write into them before the backward.
+    (h_T, c_T) : tuple of (B, H) copies, the state to carry into the next forward
     cache : LSTMCache or None
         It keeps copies of x, h0, c0, w_ih, w_hh: the caller may then write into its arrays.
 
@@ -111,17 +117,15 @@ def lstm_forward(x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None, w_
 
     (1) z_t = x_t W_ih + h_{t-1} W_hh + b   (B, 4H), split into z_i, z_f, z_g, z_o
     (2) i_t = σ(z_i),  f_t = σ(z_f),  g_t = tanh(z_g),  o_t = σ(z_o)
-    (3) c_t = f_t ⊙ c_{t-1} + i_t ⊙ g_t
-    (4) h_t = o_t ⊙ tanh(c_t)
+    (3) c_t = f_t ⊙ c_{t-1} + i_t ⊙ g_t   (4) h_t = o_t ⊙ tanh(c_t)
 
-    The input part of (1), x_t W_ih + b, is one product (B T, C) by (C, 4H) for all T steps
-    at once: only h_{t-1} W_hh waits for the previous step.
+    The input part of (1), x_t W_ih + b, is one product for all T steps at once: only
+    h_{t-1} W_hh waits for the previous step.
     """
     bsz, t_len, _, hidden = check_lstm_inputs(x, h0, c0, w_ih, w_hh, b)
-    h0, c0 = (np.zeros((bsz, hidden), x.dtype) if s is None else s.copy() if keep else s
-              for s in (h0, c0))
-    if keep:
-        x, w_ih, w_hh = x.copy(), w_ih.copy(), w_hh.copy()  # the cache's own: see Returns
+    own = (lambda a: a.copy()) if keep else (lambda a: a)  # the cache's own: see Returns
+    h0, c0 = (np.zeros((bsz, hidden), x.dtype) if s is None else own(s) for s in (h0, c0))
+    x, w_ih, w_hh = own(x), own(w_ih), own(w_hh)
     z_in = x @ w_ih + b  # (1) the input part for every step at once: (B, T, 4H)
     gates, c, tanh_c, h = (np.empty((bsz, t_len, n), x.dtype)  # (B, T, 4H), then (B, T, H)
                            for n in (4 * hidden, hidden, hidden, hidden))
@@ -135,8 +139,8 @@ def lstm_forward(x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None, w_
         h[:, t] = o * tanh_c[:, t]  # (4)
         gates[:, t] = np.concatenate([i, f, g, o], axis=1)
         h_prev, c_prev = h[:, t], c[:, t]
-    final = (h[:, -1].copy(), c[:, -1].copy())
-    return h, final, LSTMCache(x, h0, c0, w_ih, w_hh, gates, c, tanh_c, h) if keep else None
+    cache = LSTMCache(x, h0, c0, w_ih, w_hh, gates, c, tanh_c, h) if keep else None
+    return h, (h[:, -1].copy(), c[:, -1].copy()), cache
 
 
 def lstm_backward(dout: np.ndarray, dh_T: np.ndarray | None, dc_T: np.ndarray | None,
@@ -160,7 +164,7 @@ def lstm_backward(dout: np.ndarray, dh_T: np.ndarray | None, dc_T: np.ndarray | 
     db : ndarray of shape (4H,)
         Also the gradient of each of PyTorch's two biases.
     """
-    x, h0, c0, w_ih, w_hh, gates, c, tanh_c, h = cache
+    x, h0, c0, w_ih, w_hh, gates, c, tanh_c, h = check_lstm_cache(cache)
     bsz, t_len, hidden = h.shape
     check_shaped("dout", dout, h.shape)
     for name, d in (("dh_T", dh_T), ("dc_T", dc_T)):

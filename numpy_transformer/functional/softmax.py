@@ -39,7 +39,7 @@ def softmax_forward(x: np.ndarray, *, keep: bool = True):
 def softmax_backward(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``dx = y * (dy - sum_j dy_j y_j)``: the Jacobian ``diag(y) - y y^T`` applied, never built."""
     check_shaped("dy", dy, y.shape)
-    return y * (dy - (dy * y).sum(axis=-1, keepdims=True))
+    return y * (dy - (dy * y).sum(axis=-1, keepdims=True))  # (1), as a product with dy
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

@@ -26,6 +26,12 @@ G gradients of each kv head back into one. The cache then holds k and v G times;
 that reads kv head h // G in place would spare that memory, at the price of a second set of
 compiled kernels for one index.
 
+A decoding step (``keep=False`` with one query per sequence: a token after the key/value cache,
+``nn/decoding.py``) runs none of the compiled code: its keys and values are views of the
+cache's buffers, which the kernel would copy whole at every token. It computes the
+reference's steps (1)-(5) on them where they lie, the G query heads of a kv head as G rows of
+one product, so that (0) copies nothing either (:func:`_decode_step`).
+
 Dropout on the attention weights (``dropout=``, a model's ``attn_dropout`` in training) runs
 the reference: its multipliers are a (B, H, T_q, T_k) array anyway, as large as the
 probabilities the reference keeps, so the fused kernels would save no memory there; the
@@ -58,6 +64,7 @@ from ..functional.attention import (
     check_sdpa_grads,
     repeat_kv,
     repeat_kv_backward,
+    scores_forward,
 )
 from ..threads import blas_on_calling_thread
 from ._attention_kernels import _BLOCK_Q, _sdpa_backward_kernel, _sdpa_forward_kernel
@@ -103,6 +110,24 @@ def _own_heads(x: np.ndarray, heads: int) -> np.ndarray:
     return np.array(x, order="C") if y is x else np.ascontiguousarray(y)
 
 
+def _decode_step(q, k, v, mask, bias, scale) -> np.ndarray:
+    """(0)-(5) of the reference for one query per sequence, q (B, H, 1, D), over k and v
+    (B, H_kv, T_k, D) read where they lie: the G = H / H_kv query heads of kv head j are the
+    G rows of one product with it, so nothing of k or v is repeated or copied."""
+    b, h, t_q, d = q.shape
+    kv_heads, t_k = k.shape[1], k.shape[2]
+    grouped = (b, kv_heads, h // kv_heads * t_q, t_k)  # a kv head's G query heads as rows
+    if mask is not None and np.all(mask):  # the causal mask of a new position: every key
+        mask = None
+
+    def by_group(a):  # a mask or a bias laid out like the grouped scores
+        return None if a is None else np.broadcast_to(a, (b, h, t_q, t_k)).reshape(grouped)
+
+    probs, _ = scores_forward(q.reshape(grouped[:3] + (d,)), k, by_group(mask), by_group(bias),
+                              scale)  # (0)-(4) (B, H_kv, G, T_k)
+    return (probs @ v).reshape(b, h, t_q, d)  # (5)
+
+
 def _heads_view(b: int, h: int, t: int, d: int, dtype) -> np.ndarray:
     """An empty (B, H, T, D) array whose memory is laid out (B, T, H, D).
 
@@ -115,7 +140,7 @@ def _heads_view(b: int, h: int, t: int, d: int, dtype) -> np.ndarray:
 def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None, *, keep=True):
     """Fused scaled dot-product attention, ``softmax(q k^T * scale + bias, masked) v``.
 
-    Same parameters, returns and errors as
+    Same parameters (``keep`` too), returns and errors as
     :func:`numpy_transformer.functional.attention.sdpa_forward`; only the cache differs
     (``SDPAKernelCache``: the per-row log-sum-exp instead of the probabilities); with
     ``dropout``, the reference's (see the module docstring).
@@ -131,18 +156,6 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None, *, kee
         Constant additive score bias (ALiBi). Converted to q's dtype.
     scale : float, optional
         Score scale, default ``1 / sqrt(D)``.
-    keep : bool, default True
-        Whether to return the cache; False (inference): None.
-
-    Returns
-    -------
-    out : ndarray of shape (B, H, T_q, D), q's dtype
-    cache : SDPAKernelCache or None
-
-    Raises
-    ------
-    ValueError
-        If shapes, dtypes, the mask or the bias do not fit (the reference's checks).
 
     Notes
     -----
@@ -154,6 +167,8 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None, *, kee
         return reference.sdpa_forward(q, k, v, mask, bias, scale, dropout, keep=keep)
     check_attention_inputs(q, k, v, mask, bias, scale)
     check_kernel_float("q", q)  # and so k and v, of q's dtype
+    if not keep and q.shape[2] == 1:  # a decoding step: see the module docstring
+        return _decode_step(q, k, v, mask, bias, scale), None
     b, h, t_q, d = q.shape
     t_k, kv_heads = k.shape[2], k.shape[1]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)

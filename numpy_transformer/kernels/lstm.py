@@ -36,7 +36,7 @@ import numpy as np
 from numba import njit, prange
 
 from .._checks import check_shaped
-from ..functional.lstm import LSTMCache, check_lstm_inputs
+from ..functional.lstm import LSTMCache, check_lstm_cache, check_lstm_inputs
 from ..threads import blas_on_calling_thread
 from ._jit import jit_options
 from .blas import gemm, gemm_address
@@ -219,10 +219,7 @@ def lstm_backward(dout: np.ndarray, dh_T: np.ndarray | None, dc_T: np.ndarray | 
         If ``cache`` is not an ``LSTMCache``, or ``dout``, ``dh_T`` or ``dc_T`` do not have
         the shape and dtype of the forward's output and final state.
     """
-    if not isinstance(cache, LSTMCache):
-        raise ValueError(f"cache must be the LSTMCache of lstm_forward, got "
-                         f"{type(cache).__name__}")
-    x, h0, c0, w_ih, w_hh, gates, c, tanh_c, h = cache
+    x, h0, c0, w_ih, w_hh, gates, c, tanh_c, h = check_lstm_cache(cache)
     bsz, t_len, hidden = h.shape
     dtype = x.dtype
     dout = np.ascontiguousarray(check_shaped("dout", dout, h.shape, dtype))

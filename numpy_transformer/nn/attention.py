@@ -21,7 +21,7 @@ from ..functional.activations import dropout_mask
 from ..functional.linear import merge_heads, split_heads
 from ..functional.positional import alibi_bias, rope_backward, rope_forward, rope_tables
 from .layers import Dropout
-from .module import Module
+from .module import Module, drawn
 
 if TYPE_CHECKING:
     from ..backend import Backend
@@ -141,7 +141,8 @@ class MultiHeadAttention(Module):
         bound = 1.0 / np.sqrt(width)
         kv_width = self.kv_heads * self.head_width  # H_kv D, C in multi-head attention
         for name, out in (("q", width), ("k", kv_width), ("v", kv_width), ("o", width)):
-            self.add_param("w" + name, rng.uniform(-bound, bound, (width, out)).astype(dtype))
+            self.add_param("w" + name, drawn((width, out), dtype,
+                                             lambda s: rng.uniform(-bound, bound, s)))
             if bias:
                 self.add_param("b" + name, rng.uniform(-bound, bound, out).astype(dtype))
         self.cache = None

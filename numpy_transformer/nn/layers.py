@@ -17,7 +17,7 @@ from .._checks import check_choice, check_positive
 from ..backend import Backend, get_backend
 from ..config import ACTIVATIONS, DEFAULT_BACKEND, GATED_ACTIVATIONS, NORMS
 from ..functional.activations import dropout_backward, dropout_forward
-from .module import Module
+from .module import Module, drawn
 
 
 def _generator(rng: np.random.Generator | None) -> np.random.Generator:
@@ -68,7 +68,8 @@ class Linear(Module):
         check_positive("out_width", out_width, integer=True)
         rng = _generator(rng)
         bound = 1.0 / np.sqrt(in_width)
-        self.add_param("w", rng.uniform(-bound, bound, (in_width, out_width)).astype(dtype))
+        self.add_param("w", drawn((in_width, out_width), dtype,
+                                  lambda s: rng.uniform(-bound, bound, s)))
         if bias:
             self.add_param("b", rng.uniform(-bound, bound, out_width).astype(dtype))
         self.cache = None
@@ -128,8 +129,9 @@ class Embedding(Module):
         check_positive("vocab", vocab, integer=True)
         check_positive("width", width, integer=True)
         check_positive("std", std)
-        table = std * _generator(rng).standard_normal((vocab, width))  # N(0, std^2)
-        self.add_param("table", table.astype(dtype))
+        rng = _generator(rng)
+        self.add_param("table", drawn((vocab, width), dtype,
+                                      lambda s: std * rng.standard_normal(s)))  # N(0, std^2)
         self.cache = None
 
     def forward(self, ids: np.ndarray) -> np.ndarray:

@@ -16,11 +16,11 @@ The contract every module in ``numpy_transformer.nn`` follows:
   its caches keep the weights uncopied, and let go of the parameters when it returns
   (a backward of that forward afterwards raises ``ValueError``;
   ``numpy_transformer/ownership.py``).
-* A forward keeps its cache only in training mode and outside :meth:`Module.no_grad`
-  (:attr:`Module.keeps_cache`). In evaluation mode, or inside ``with model.no_grad():``, it
-  keeps nothing and copies no weight (inference: generation, a held-out loss), and a backward
-  after it raises ``ValueError``. The gradient of a model without dropout is taken in
-  training mode, with its dropout probabilities 0.
+* A forward keeps its cache in training mode, and not in evaluation mode
+  (:attr:`Module.keeps_cache`): evaluation is inference (generation, a held-out loss), which
+  keeps nothing and copies no weight, and a backward after it raises ``ValueError``. Inside
+  ``with model.no_grad():`` no forward keeps one; inside ``with model.enable_grad():`` every
+  forward does, evaluation mode included: the gradient of the model without dropout.
 * ``backward`` before any ``forward``, or with a gradient not shaped like the last forward's
   output (or not of its dtype), raises ``ValueError``. :class:`Module` checks this for every
   subclass: each subclass's ``forward`` records its output's shape and dtype in
@@ -33,10 +33,10 @@ non-persistent position buffer does.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import numpy as np
 
@@ -94,6 +94,23 @@ def _forward_and_backward(method: Callable) -> Callable:
     return run
 
 
+_DRAWN_BLOCK = 1 << 16  # numbers of one draw of drawn(): its float64 temporary stays small
+
+
+def drawn(shape: tuple, dtype, draw: Callable[[tuple], np.ndarray]) -> np.ndarray:
+    """``draw(shape).astype(dtype)``, the same numbers, drawn a block of rows at a time.
+
+    A generator's stream cut in pieces gives the numbers of one draw, so the values do not
+    change; only no float64 array of the whole shape is made (at GPT-2's size a 309 MB one for
+    the token table, whose freed memory would stay in the heap between the weights).
+    """
+    out = np.empty(shape, dtype=dtype)
+    rows = max(1, _DRAWN_BLOCK // max(1, int(np.prod(shape[1:], dtype=np.int64))))
+    for i in range(0, out.shape[0], rows):
+        out[i:i + rows] = draw((min(rows, out.shape[0] - i),) + tuple(shape[1:]))
+    return out
+
+
 class Module:
     """Base class: parameter and gradient dicts, ordered children, a train/eval flag."""
 
@@ -112,7 +129,7 @@ class Module:
         self.buffers: dict[str, np.ndarray] = {}
         self.children: dict[str, Module] = {}
         self.training = True
-        self.grad_enabled = True  # False inside no_grad()
+        self.grad_enabled: bool | None = None  # None: as the mode says; no_grad(), enable_grad()
         # (shape, dtype) of the last forward's output: what backward's gradient must be.
         # None before any forward; ... for an output that is not an array; a shape entry "B"
         # matches any length (a module whose rows another module adds, positions.addend)
@@ -122,7 +139,9 @@ class Module:
     def add_param(self, name: str, value: np.ndarray) -> np.ndarray:
         """Register a trainable array and its zero gradient; returns the array."""
         self.params[name] = value
-        self.grads[name] = np.zeros_like(value)
+        # np.zeros, not zeros_like: its pages are the system's zero pages until a backward
+        # writes them, so a model that only infers holds no memory for its gradients
+        self.grads[name] = np.zeros(value.shape, dtype=value.dtype)
         return value
 
     def add(self, name: str, module: Module) -> Module:
@@ -156,7 +175,7 @@ class Module:
         if self.grad_like is _INFERENCE:
             raise ValueError(f"{what}.backward: its last forward ran in evaluation mode or "
                              f"inside no_grad() and kept nothing for a backward; run it in "
-                             f"training mode (model.train()) outside no_grad()")
+                             f"training mode, or inside enable_grad()")
         if self.grad_like is ...:
             return
         shape, dtype = self.grad_like
@@ -265,30 +284,46 @@ class Module:
     # ------------------------------------------------------------------ modes and dtype
     @property
     def keeps_cache(self) -> bool:
-        """Whether a forward now keeps what its backward needs: in training mode and outside
-        :meth:`no_grad`. Every module's forward passes it on as its operations' ``keep``."""
-        return self.training and self.grad_enabled
+        """Whether a forward now keeps what its backward needs: in training mode, or inside
+        :meth:`enable_grad`, and never inside :meth:`no_grad`. Every module's forward passes
+        it on as its operations' ``keep``."""
+        return self.training if self.grad_enabled is None else self.grad_enabled
 
-    @contextmanager
-    def no_grad(self) -> Iterator[Module]:
+    def no_grad(self) -> contextlib.AbstractContextManager[Module]:
         """Within the block, no forward of this module or its children keeps a cache or
-        copies a weight (as ``torch.no_grad()``, but for this model only, and visible in the
-        code that uses it); dropout still follows the training mode.
+        copies a weight, in either mode (as ``torch.no_grad()``, for this model only and
+        visible in the code that uses it); dropout still follows the mode.
 
         Examples
         --------
         >>> with model.no_grad():  # doctest: +SKIP
         ...     logits = model(tokens)
         """
+        return self._grad(False)
+
+    def enable_grad(self) -> contextlib.AbstractContextManager[Module]:
+        """Within the block, every forward keeps what its backward needs, evaluation mode
+        included: ``model.eval()`` and ``with model.enable_grad():`` is the gradient of the
+        model without dropout (a finite-difference check, a comparison with PyTorch).
+
+        Examples
+        --------
+        >>> with model.eval().enable_grad():  # doctest: +SKIP
+        ...     model.backward(dlogits_of(model(tokens)))
+        """
+        return self._grad(True)
+
+    @contextlib.contextmanager
+    def _grad(self, enabled: bool) -> Iterator[Module]:
         modules = [module for _, module in self.named_modules()]
         before = [module.grad_enabled for module in modules]
         for module in modules:
-            module.grad_enabled = False
+            module.grad_enabled = enabled
         try:
             yield self
         finally:
-            for module, enabled in zip(modules, before, strict=True):
-                module.grad_enabled = enabled
+            for module, previous in zip(modules, before, strict=True):
+                module.grad_enabled = previous
 
     def train(self, mode: bool = True) -> Module:
         """Set training mode here and in every child (dropout is active only in training)."""

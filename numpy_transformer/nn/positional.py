@@ -10,7 +10,7 @@ import numpy as np
 
 from .._checks import check_float, check_positive
 from ..functional.positional import sinusoidal_table
-from .module import Module
+from .module import Module, drawn
 
 
 def _check_rows(length: int, start: int, max_len: int) -> None:
@@ -92,7 +92,8 @@ class LearnedPositions(Module):
         check_positive("width", width, integer=True)
         self.max_len, self.width = max_len, width
         rng = np.random.default_rng() if rng is None else rng
-        self.add_param("table", (std * rng.standard_normal((max_len, width))).astype(dtype))
+        self.add_param("table", drawn((max_len, width), dtype,
+                                      lambda s: std * rng.standard_normal(s)))
         self.cache = None  # (start, T): the rows the last forward added
 
     def forward(self, x: np.ndarray, start: int = 0) -> np.ndarray:

@@ -20,11 +20,18 @@ module imports only those above it in this list, never one below:
     a run read back from disk: :func:`~.stored.read_run`, the one way a run folder or
     checkpoint (of any format version read) is read back, the run or its model rebuilt from
     it, and :func:`~.stored.load_run`, the Python loader
+``sources``
+    a language model from wherever a command points: a run folder, a checkpoint, an export,
+    a ``transformers`` folder (:func:`~.sources.read_source`)
 ``init_from``
     the model a new run starts from (``train --init-from``): its weights, model options and
     tokenizer
+``importing``
+    a model from elsewhere as a run folder (``numpy-transformer import``)
 ``sample``
     text from a trained language model (``numpy-transformer sample``)
+``evaluate``
+    a language model's loss on a text (``numpy-transformer eval``)
 ``export``
     a trained model for other tools (``numpy-transformer export``)
 ``report``

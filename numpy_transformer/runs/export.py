@@ -8,7 +8,8 @@ import tempfile
 from pathlib import Path
 
 from ..export import export_run, optimizer_of
-from .folder import checkpoint_path
+from ..files import os_error_naming
+from .folder import check_folder_path, checkpoint_path
 from .outputs import UsageError, signals_held
 from .stored import model_from_checkpoint
 
@@ -38,15 +39,17 @@ def export_checkpoint(target: str | Path, fmt: str, out: str | Path | None = Non
     path = checkpoint_path(target)
     model, tokenizer, ckpt = model_from_checkpoint(target)
     out = Path(out) if out else path.parent / fmt
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: a file, not a folder")
+    check_folder_path(out, "--out")
     held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if held and not force:
         raise UsageError(f"{out} already holds {', '.join(held[:3])}"
                          f"{', ...' if len(held) > 3 else ''}: export into a new folder, or add "
                          f"--force to replace what the export writes")
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:  # named as the folder it was to become, not the staging one
+        raise os_error_naming(out, e) from None
     try:
         try:
             files = export_run(staging, fmt, model, tokenizer, optimizer_of(ckpt),

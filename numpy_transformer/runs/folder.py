@@ -13,13 +13,14 @@ so is what guards the folder as a whole:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import stat
 import time
 from pathlib import Path
 
-from .._checks import check_file
 from ..checkpoint import (
     FORMAT_VERSION,
     CheckpointError,
@@ -27,9 +28,19 @@ from ..checkpoint import (
     decode_json,
     load_checkpoint,
 )
-from ..files import atomic_write_text, temporary_names
+from ..files import atomic_write_text, check_file, kind_of, read_file, temporary_names
 from .options import default_run_folder, fill_missing
-from .outputs import BEST, CHECKPOINT, CONFIG, LOG, RUN_FILES, UsageError, say
+from .outputs import (
+    BEST,
+    CHECKPOINT,
+    CONFIG,
+    EVENT_FILES,
+    EVENTS_FOLDER,
+    LOG,
+    RUN_FILES,
+    UsageError,
+    say,
+)
 
 try:
     import fcntl
@@ -65,7 +76,8 @@ def new_run_folder(out: str | None, description: dict, force: bool) -> FolderLoc
       beside it (said on stdout).
     * ``--out DIR`` that is not empty: refused (exit 2), the message says whether it holds a
       different run or this same one (then: resume it, or pass ``--force``).
-    * ``--force``: our files in the folder are removed first; other files are left alone.
+    * ``--force``: the files a run writes are removed first (:func:`written_by_runs`); other
+      files are left alone.
 
     Raises
     ------
@@ -77,8 +89,7 @@ def new_run_folder(out: str | None, description: dict, force: bool) -> FolderLoc
     default = default_run_folder(description["options"]["task"],
                                  description["options"]["model"])
     path = Path(out) if out is not None else default
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"run folder {path} exists and is not a folder")
+    check_folder_path(path, "run folder")
     if out is None and _occupied(path):
         stamp = f"{default.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         path, n = default.with_name(stamp), 1
@@ -86,26 +97,67 @@ def new_run_folder(out: str | None, description: dict, force: bool) -> FolderLoc
             n += 1
             path = default.with_name(f"{stamp}-{n}")
         say(f"{default} is in use; this run goes to {path}")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except (NotADirectoryError, FileExistsError) as e:  # a file where a folder must go
-        raise UsageError(f"cannot write to run folder {path}: {e.strerror}") from None
+    path.mkdir(parents=True, exist_ok=True)
     lock = FolderLock(path)
     try:
         if _occupied(path):
             if not force:
                 _refuse_occupied(path, description)
-            for name in RUN_FILES:
-                if (path / name).is_dir():
-                    raise UsageError(f"{path / name} is a folder, not the run's file; move it "
-                                     f"away before --force")
-                (path / name).unlink(missing_ok=True)
+            check_run_files(path)
+            for file in written_by_runs(path):
+                file.unlink()
+            with contextlib.suppress(OSError):  # not empty: the user's own files are in it
+                (path / EVENTS_FOLDER).rmdir()
         write_description(path, description)
         log_path(path).write_text("", encoding="utf-8")
     except BaseException:
         lock.release()
         raise
     return lock
+
+
+def written_by_runs(path: Path) -> list[Path]:
+    """The files in run folder ``path`` that a run writes (what ``--force`` replaces): those of
+    :data:`~.outputs.RUN_FILES`, and the event files of ``--tensorboard`` in their folder;
+    nothing else there is ours."""
+    ours = [path / name for name in RUN_FILES if os.path.lexists(path / name)]
+    return ours + sorted((path / EVENTS_FOLDER).glob(EVENT_FILES))
+
+
+def check_run_files(path: Path) -> None:
+    """Refuse run folder ``path`` if a name of the run's files is taken by something other
+    than a file (a folder, a FIFO...): the run would stop when it writes it.
+
+    Raises
+    ------
+    UsageError
+        Naming it and what it is (exit 2).
+    """
+    for name in RUN_FILES:
+        file = path / name
+        if os.path.lexists(file) and not file.is_file():
+            mode = os.lstat(file).st_mode
+            raise UsageError(f"{file} is {kind_of(mode)}, not the run's file; move it away")
+
+
+def check_folder_path(path: Path, label: str) -> None:
+    """Refuse a folder to write into (``label``: how the message calls it) where something
+    else is in the way: ``path``, or the deepest of its parents that exists, is a file (or a
+    FIFO, a device...). What is left to go wrong making it is the system's (permission
+    denied, a read-only folder: ``OSError``, exit 74).
+
+    Raises
+    ------
+    UsageError
+        Naming ``path`` and what is in the way (exit 2: the wrong kind of thing).
+    """
+    for p in (path, *path.parents):
+        if os.path.lexists(p):  # the deepest that exists decides: below it, nothing does
+            if not p.is_dir():
+                mode = os.lstat(p).st_mode
+                kind = "a file" if stat.S_ISREG(mode) else kind_of(mode)
+                raise UsageError(f"{label} {path}: {p} is {kind}, not a folder")
+            return
 
 
 def _occupied(path: Path) -> bool:
@@ -151,13 +203,12 @@ def _read_json(path: Path) -> dict | None:
         return None
     try:
         check_file(path)
-        value = decode_json(path.read_text(encoding="utf-8"), str(path))
-    except CheckpointError:
-        return None
-    except ValueError as e:  # check_file: not a file; UnicodeDecodeError: not text
-        if isinstance(e, UnicodeDecodeError):
-            return None
+    except ValueError as e:
         raise UsageError(str(e)) from None
+    try:
+        value = decode_json(read_file(path, text=True), str(path))
+    except ValueError:  # not UTF-8 text, or not JSON (a CheckpointError)
+        return None
     return value if isinstance(value, dict) else None
 
 
@@ -225,6 +276,7 @@ def existing_run_folder(run_dir: str | Path) -> FolderLock:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"--resume {run_dir}: no such run folder")
+    check_run_files(run_dir)
     return FolderLock(run_dir)
 
 
@@ -305,17 +357,32 @@ class FolderLock:
 
 
 def read_log(run_dir: Path, upto: int | None = None) -> list[dict]:
-    """The records of the run's ``log.jsonl`` (those with ``step <= upto`` when given)."""
+    """The records of the run's ``log.jsonl`` (those with ``step <= upto`` when given); a
+    line that is not a JSON object with an integer step is skipped (one cut short by a kill).
+
+    Raises
+    ------
+    UsageError
+        If ``log.jsonl`` is a folder, a FIFO, a device (said which).
+    OSError
+        If it cannot be read.
+    """
     path = log_path(run_dir)
-    if not path.is_file():
+    if not os.path.lexists(path):
         return []
+    try:
+        text = read_file(path).decode("utf-8", errors="replace")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         try:
             r = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue  # a line cut short by a kill
-        if isinstance(r, dict) and (upto is None or r.get("step", 0) <= upto):
+        step = r.get("step") if isinstance(r, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool) and (upto is None or
+                                                                    step <= upto):
             records.append(r)
     return records
 

@@ -7,13 +7,15 @@ of GPT-2's or LLaMA's shape, ``export --format hf``). It must hold a language mo
 tokenizer.
 
 The new run takes from the source what its weights need: the model's options (its shape) and
-the tokenizer (characters, which must cover the new text, or a BPE). Everything else is the
-new run's: the text, the steps, the optimiser and its settings (fresh moments, step 0), the
-seed (data order, dropout), and the dtype, backend and dropout rates, which the weights do
-not fix. A model option given
-that differs from the source's is refused, naming each. ``config.json`` records where the run
-started: ``"started_from": {"path", "weights_sha256", "step"}``, the SHA-256 of the weights
-(``data.fingerprint``) as the new run's first step finds them.
+the tokenizer (characters, which must cover the new text, or a BPE, ids unchanged, with as
+many embedding rows as the source has). Everything else is the new run's: the text, the
+steps, the optimiser and its settings (fresh moments, step 0), the seed (data order,
+dropout), the dtype, backend and dropout rates, which the weights do not fix, and the context
+``--context T``: any length for sinusoidal or rotary positions, at most the rows of a learned
+position table, of which it keeps the first T. A model option given that differs from the
+source's is refused, naming each. ``config.json`` records where the run started:
+``"started_from": {"path", "weights_sha256", "step"}``, the SHA-256 of the weights
+(``data.fingerprint``) as the source holds them.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def resolve_init_from(given: dict) -> tuple[dict, dict, Source]:
     the command line, ``None`` = not given) with the model's options taken from the source.
 
     Returns ``(config_fields, train_options, source)``, as
-    :func:`~.options.resolve_options` and the source for :meth:`Source.new_run`.
+    :func:`~.options.resolve_options` and the source for :func:`new_run`.
 
     Raises
     ------

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checkpoint import Checkpoint, restamp_checkpoint
 from ..files import atomic_write_text
 from ..train import NonFiniteError, ProgressBar, StepRecord, Trainer
 from .folder import (
@@ -34,6 +35,9 @@ from .folder import (
 )
 from .init_from import new_run
 from .outputs import (
+    BEST,
+    BEST_BEFORE_FINAL,
+    CHECKPOINT,
     EXIT_DIVERGED,
     EXIT_IO,
     EXIT_OK,
@@ -47,7 +51,7 @@ from .report import BestCheckpoint, has_report, write_report
 from .sources import Source
 from .state import Run
 from .stored import read_run, rebuild_run
-from .tensorboard import EventLog, check_available, event_log, remove_events
+from .tensorboard import EventLog, check_available, event_log
 
 
 def start_run(config_fields: dict, options: dict, out: str | None, force: bool,
@@ -63,8 +67,6 @@ def start_run(config_fields: dict, options: dict, out: str | None, force: bool,
         check_available()  # before the folder: a missing package is bad input
     with new_run_folder(out, run.description(), force) as held:
         run_dir = held.folder
-        if force:
-            remove_events(run_dir)  # the events of the run --force replaces
         say(f"run folder {run_dir}")
         say(run.summary())
         if run.started_from:
@@ -94,9 +96,9 @@ def resume_run(run_dir: str | Path, progress: bool = True, steps: int | None = N
     5. Finished but stopped while writing the report: write the report again (the sampler's
        generator comes from the checkpoint, so the sample is the same). Otherwise train on.
 
-    With ``steps`` other than the run's, the run is first extended to that many steps
-    (:meth:`~.state.Run.extend`), finished or not: its weights end as those of a run
-    configured with ``steps`` from the start.
+    With ``steps`` other than the run's, the run is first extended to that many steps,
+    finished or not (:func:`extend`): it ends as the run configured with ``steps`` from the
+    start.
     """
     with existing_run_folder(run_dir) as held:
         run_dir = held.folder
@@ -104,10 +106,10 @@ def resume_run(run_dir: str | Path, progress: bool = True, steps: int | None = N
         run = rebuild_run(stored)
         if run.options["tensorboard"]:
             check_available()
+        ckpt = stored.checkpoint
         if steps is not None and steps != run.options["steps"]:
-            say(f"extending {run_dir} from {run.options['steps']} to {steps} steps")
-            run.extend(steps)
-        steps, ckpt = run.options["steps"], stored.checkpoint
+            extend(run, run_dir, ckpt, steps)
+        steps = run.options["steps"]
         if ckpt is None:
             say(f"{run_dir} has no checkpoint yet (stopped before its first save); starting "
                 f"its run from step 0")
@@ -129,6 +131,37 @@ def resume_run(run_dir: str | Path, progress: bool = True, steps: int | None = N
         if run.tokenizer is not None:
             say(run.data_line())
         return train(run, run_dir, progress)
+
+
+def extend(run: Run, run_dir: Path, ckpt: Checkpoint | None, steps: int) -> None:
+    """Make the run of ``run_dir``, restored from its checkpoint ``ckpt``, the run of
+    ``steps`` updates: bit for bit the run configured with ``steps`` from the start, in its
+    weights, Adam's state, log, held-out evaluations, ``best.npz`` and early stop.
+
+    Its first updates are already those of the longer run (:meth:`~.state.Run.extend`: every
+    schedule but the cosine one is the same for every length). What it did only because it
+    ended is undone: the final evaluation leaves the log (:func:`~.folder.cut_log`), the
+    evaluation the longer run makes at that step is made when training goes on, and the best
+    the final evaluation replaced comes back (:class:`~.report.BestCheckpoint`). A run that
+    stopped early is the longer run already (it stops at the same step, after the same
+    evaluations): only its records change. The checkpoints kept and ``config.json`` then
+    record the new length.
+
+    Raises
+    ------
+    UsageError
+        If the run cannot be made that long exactly (:meth:`~.state.Run.extend`).
+    """
+    early = ckpt is not None and ckpt.meta.get("early_stopped")
+    say(f"extending {run_dir} from {run.options['steps']} to {steps} steps" + (
+        f": it stopped early at step {early}, where the run of {steps} steps stops too"
+        if early else ""))
+    run.extend(steps)
+    stamp = {"data_fingerprint": run.data_fingerprint}
+    for name in (CHECKPOINT, BEST, BEST_BEFORE_FINAL):
+        if (run_dir / name).exists():
+            restamp_checkpoint(run_dir / name, run.options, stamp)
+    write_description(run_dir, run.description())
 
 
 class _StopRequest:
@@ -168,19 +201,20 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
     with _StopRequest() as stop, np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         bar = ProgressBar(steps, clip=o["clip"] or None) if progress else None
         try:
-            best = BestCheckpoint(run_dir, o["early_stop"])
+            best = BestCheckpoint(run_dir, o["early_stop"], o["eval_every"])
+            best.reopen()
             with open(log_path(run_dir), "a", encoding="utf-8") as file, \
                     event_log(run_dir, o["tensorboard"], trainer.step_count) as events:
                 log = _Log(file, events)
+                if _evaluates(o, trainer.step_count) and trainer.step_count not in best.evaluated:
+                    _evaluate(run, best, log)  # a run extended past its old last step
                 while trainer.step_count < steps and stop.signum is None and not best.stop:
                     r = trainer.step(run.batch(trainer.step_count))
                     _log_step(log, r, trainer)
                     if bar:
                         bar.update(r)
-                    if o["eval_every"] and r.step % o["eval_every"] == 0 and r.step < steps:
-                        result = run.evaluate()
-                        best.offer(run, result["val_loss"])  # before its line: see BestCheckpoint
-                        log.write({"step": r.step, **result})
+                    if _evaluates(o, r.step):
+                        _evaluate(run, best, log)
                     if o["save_every"] and r.step % o["save_every"] == 0 and r.step < steps:
                         run.save(ckpt_path)
                         saved_at = r.step
@@ -209,6 +243,21 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
                   file=sys.stderr, flush=True)
             return EXIT_ON_SIGNAL[stop.signum]
     return write_report(run, run_dir)
+
+
+def _evaluates(options: dict, step: int) -> bool:
+    """Whether the run makes a held-out evaluation after ``step`` in the loop: every
+    ``--eval-every`` steps before the last (the report's final evaluation follows it)."""
+    every = options["eval_every"]
+    return bool(every) and step % every == 0 and 0 < step < options["steps"]
+
+
+def _evaluate(run: Run, best: BestCheckpoint, log: _Log) -> None:
+    """The held-out evaluation of the run as it is now: offered as the best (before its line:
+    see BestCheckpoint), then logged."""
+    result = run.evaluate()
+    best.offer(run, result["val_loss"])
+    log.write({"step": run.trainer.step_count, **result})
 
 
 class _Log:

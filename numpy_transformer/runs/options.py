@@ -7,8 +7,9 @@ it for every run, a task or a model), the checks of options read back from disk
 (:func:`check_stored_options`), and what a run written by an older format version lacks
 (:func:`fill_missing`). A new option is one row here and the code that uses it.
 
-This module imports nothing but the standard library, the config and :mod:`.outputs`, so the
-command line can build its help and refuse a bad option before NumPy is loaded.
+This module imports nothing but the standard library, the config, the file reader
+(``files.py``) and :mod:`.outputs`, so the command line can build its help and refuse a bad
+option (or ``--config`` file) before NumPy is loaded.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..config import (
     LSTMConfig,
     TransformerConfig,
 )
+from ..files import read_file
 from .outputs import MAX_SAMPLE_LENGTH, UsageError
 
 # --------------------------------------------------------------------------------------------
@@ -346,6 +348,9 @@ def resolve_options(task: str | None, given: dict) -> tuple[dict, dict]:
     return config, train
 
 
+CONFIG_FILE_LIMIT = 1 << 20  # bytes of a --config file: a run's options take a few hundred
+
+
 def read_config_file(path: str | os.PathLike) -> dict:
     """The options of a TOML file (``train --config``), each checked as the command line
     checks its own: ``{key: value}`` with the keys of :data:`OPTIONS` that a run records.
@@ -353,20 +358,25 @@ def read_config_file(path: str | os.PathLike) -> dict:
     Raises
     ------
     UsageError
-        Naming the file and the first thing wrong: unreadable, not TOML, an unknown key (a
-        flag's spelling, as ``context`` for ``max_len``, is named), a value it refuses.
+        Naming the file and the first thing wrong: missing, not a regular file (a folder, a
+        FIFO, a device, said which), larger than :data:`CONFIG_FILE_LIMIT`, not UTF-8, not
+        TOML, an unknown key (a flag's spelling, as ``context`` for ``max_len``, is named), a
+        value it refuses.
+    OSError
+        If it cannot be read (permission denied: the command line's exit 74).
     """
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
     try:
-        with open(path, "rb") as f:
-            table = tomllib.load(f)
-    except OSError as e:
-        raise UsageError(f"--config {path}: cannot read it ({e.strerror})") from None
+        table = tomllib.loads(read_file(path, "TOML file", CONFIG_FILE_LIMIT, text=True))
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"--config {path}: not TOML ({e})") from None
+    except RecursionError:
+        raise UsageError(f"--config {path}: not TOML (nested too deeply to read)") from None
+    except ValueError as e:  # read_file: the wrong kind of file, named
+        raise UsageError(f"--config {e}") from None
     by_flag = {flag(o.key)[2:].replace("-", "_"): o.key for o in OPTIONS}
     for key, value in table.items():
         if key not in BY_KEY or not BY_KEY[key].store:

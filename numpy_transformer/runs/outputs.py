@@ -37,11 +37,14 @@ EXIT_CODES = {
     1: "training diverged: a non-finite loss, gradient or held-out loss (the step and tensor "
        "are named; the last good checkpoint is left untouched); gradcheck: a check failed; "
        "bench: a worker failed",
-    2: "bad input: an option, a file, a run folder (or one in use), a checkpoint (truncated, "
+    2: "bad input: an option, a file of the wrong kind (missing; a folder, FIFO, device or "
+       "socket where a file belongs, or a file where a folder belongs; binary or not UTF-8 "
+       "where text belongs; too large), a run folder (or one in use), a checkpoint (truncated, "
        "tampered, non-finite, of a newer format), a size that cannot fit in memory; one line "
        "on stderr, no traceback, nothing overwritten",
-    74: "a file could not be read or written (permission, read-only folder, full disk, size "
-        "limit: sysexits' EX_IOERR); the previous checkpoint is left intact",
+    74: "a file of the right kind that could not be read or written (permission, read-only "
+        "folder, full disk, size limit: sysexits' EX_IOERR), named with the system's reason; "
+        "the previous checkpoint is left intact",
     130: "stopped by SIGINT (Ctrl-C): train after writing a checkpoint (--resume continues "
          "exactly); every command leaves no file half-written and no worker process behind",
     143: "stopped by SIGTERM, the same way",
@@ -123,14 +126,21 @@ RUN_FILES = {  # every file a run writes into its folder, in the order it first 
     "attention.png": "every layer's attention weights on a held-out snippet, a panel per layer "
                      "and head, one colour scale",
     "sample.txt": "a sample from the final model",
+    "best-before-final.npz": "the best.npz that the final evaluation replaced, when it fell "
+                             "between two --eval-every steps: what --resume RUN --steps N puts "
+                             "back, as the run of N steps makes no evaluation there",
 }
-CONFIG, TOKENIZER, CHECKPOINT, LOG, BEST, LOSS_PLOT, STATS_PLOT, ATTENTION_PLOT, SAMPLE = \
-    RUN_FILES  # their names
+CONFIG, TOKENIZER, CHECKPOINT, LOG, BEST, LOSS_PLOT, STATS_PLOT, ATTENTION_PLOT, SAMPLE, \
+    BEST_BEFORE_FINAL = RUN_FILES  # their names
+# train --tensorboard: the event files (tensorboardX names them so) in a folder of the run's
+EVENTS_FOLDER, EVENT_FILES = "tensorboard", "events.out.tfevents.*"
 REPORT_FILES = (LOSS_PLOT, STATS_PLOT, ATTENTION_PLOT, SAMPLE)  # after the last step (report.py)
 # The files only some runs write: (option, the value of it that writes the file, who that is).
 # An LSTM has no attention map; a synthetic task has no text to sample.
 WRITTEN_ONLY_BY = {TOKENIZER: ("tokenizer", "bpe", "--tokenizer bpe"),
                    STATS_PLOT: ("stats_every", "N", "--stats-every N"),
+                   BEST_BEFORE_FINAL: ("eval_every", "N", "a new best at a final evaluation "
+                                       "between two --eval-every steps"),
                    ATTENTION_PLOT: ("model", "transformer", "Transformers"),
                    SAMPLE: ("task", "lm", "language models")}
 

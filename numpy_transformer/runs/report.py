@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from ..plots import attention_plot, loss_plot, tensor_stats_plot
 from .folder import checkpoint_path, log_path, read_log
 from .outputs import (
     ATTENTION_PLOT,
+    BEST_BEFORE_FINAL,
     CONFIG,
     EXIT_DIVERGED,
     EXIT_OK,
@@ -35,29 +37,51 @@ from .state import Run
 
 class BestCheckpoint:
     """The lowest held-out loss of a run so far, kept in its ``best.npz``, and the
-    evaluations since it was found (``--early-stop``). Both are read back from the log, so a
-    resumed run goes on counting where it stopped.
+    evaluations since it was found (``--early-stop``). Both are read back from the log's
+    evaluations every ``--eval-every`` steps (its final ones left out), so a resumed or
+    extended run goes on counting where it stopped.
+
+    The final evaluation, after the last step, joins them (:meth:`offer` with ``final``).
+    Between two ``--eval-every`` steps it is one a longer run does not make: the best it
+    replaces is kept as ``best-before-final.npz``, and :meth:`reopen` puts it back when the
+    run is extended (``train --resume RUN --steps N``).
 
     Parameters
     ----------
     run_dir : Path
     patience : int
         Evaluations in a row without a new best after which :attr:`stop` is true; 0 = never.
+    eval_every : int
+        The run's ``--eval-every`` (0: only the final evaluation).
     """
 
-    def __init__(self, run_dir: Path, patience: int = 0) -> None:
+    def __init__(self, run_dir: Path, patience: int = 0, eval_every: int = 0) -> None:
         self.path, self.patience = checkpoint_path(run_dir, best=True), patience
-        losses = [(r["val_loss"], r["step"]) for r in read_log(run_dir) if "val_loss" in r]
+        self.kept, self.eval_every = run_dir / BEST_BEFORE_FINAL, eval_every
+        losses = [(r["val_loss"], r["step"]) for r in read_log(run_dir)
+                  if isinstance(r.get("val_loss"), (int, float)) and not r.get("final")]
         self.loss, self.step = min(losses, default=(math.inf, 0))
         self.since = sum(1 for _, step in losses if step > self.step)
+        self.evaluated = {step for _, step in losses}  # the steps evaluated so far
 
-    def offer(self, run: Run, loss: float) -> None:
-        """A held-out loss of the run as it is now: a new best is saved to ``best.npz``."""
+    def offer(self, run: Run, loss: float, final: bool = False) -> None:
+        """A held-out loss of the run as it is now: a new best is saved to ``best.npz``. The
+        ``final`` evaluation keeps the best it replaces if a longer run would not make it."""
+        step = run.trainer.step_count
         if loss < self.loss:
+            between = not (self.eval_every and step % self.eval_every == 0)
+            replaced = self.loss < math.inf and self.path.exists()  # a best of the evaluations
+            if final and between and replaced and not self.kept.exists():
+                os.replace(self.path, self.kept)  # once: a report written again keeps it
             run.save(self.path, val_loss=loss)
-            self.loss, self.step, self.since = loss, run.trainer.step_count, 0
-        else:
+            self.loss, self.step, self.since = loss, step, 0
+        elif not final:
             self.since += 1
+
+    def reopen(self) -> None:
+        """Before training on past a final evaluation: the best it replaced comes back."""
+        if self.kept.exists():
+            os.replace(self.kept, self.path)
 
     @property
     def stop(self) -> bool:
@@ -89,7 +113,8 @@ def _report(run: Run, run_dir: Path) -> int:
               f"{run.trainer.step_count} is {result['val_loss']}; the weights of {run_dir} "
               f"cannot be sampled from", file=sys.stderr, flush=True)
         return EXIT_DIVERGED
-    BestCheckpoint(run_dir).offer(run, result["val_loss"])
+    BestCheckpoint(run_dir, eval_every=run.options["eval_every"]).offer(run, result["val_loss"],
+                                                                       final=True)
     with open(log_path(run_dir), "a", encoding="utf-8") as log:
         log.write(json.dumps({"step": run.trainer.step_count, **result, "final": True}) + "\n")
     line = f"held-out loss {result['val_loss']:.4f}"

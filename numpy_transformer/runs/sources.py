@@ -102,8 +102,8 @@ def read_source(target: str | Path, what: str, note: Callable[[str], None] = say
         raise UsageError(f"{what}: {e}{hint}") from None
     except CheckpointError:  # a run's own message, naming its file
         raise
-    except ValueError as e:
-        raise UsageError(f"{what}: {e}") from None
+    except ValueError as e:  # the readers name the path already: said once
+        raise UsageError(f"{what}: {str(e).removeprefix(f'{path}: ')}") from None
     if tokenizer is None or not isinstance(model, (DecoderLM, LSTMLM)):
         raise UsageError(f"{what}: holds a {type(model).__name__}"
                          f"{'' if tokenizer else ' without a tokenizer'}; it needs a language "

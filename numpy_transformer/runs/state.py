@@ -103,30 +103,7 @@ class Run:
         self.length = config_fields["max_len"]  # T: LM window; task sequence length
         extra: dict = {}
         if self.task == "lm":
-            text = training_text(options)
-            self.tokenizer = tokenizer or new_tokenizer(text, options)
-            missing = self.tokenizer.missing(text)
-            if missing:
-                shown = "".join(missing[:20]) + ("..." if len(missing) > 20 else "")
-                raise UsageError(f"{options['text'] or 'the embedded corpus'} has {len(missing)} "
-                                 f"character(s) outside the tokenizer's vocabulary of "
-                                 f"{self.tokenizer.vocab_size}: {shown!r}")
-            ids = self.tokenizer.encode(text)
-            if len(ids) < 20:
-                raise UsageError(f"the text has {len(ids)} characters; a language model needs "
-                                 f"more to split into training and held-out parts")
-            self.ids = ids
-            self.train_ids, self.val_ids = train_val_split(ids, 0.9)
-            context = config_fields["max_len"]
-            unit = "characters" if isinstance(self.tokenizer, CharTokenizer) else "tokens"
-            if len(self.train_ids) < context + 1:
-                raise UsageError(f"the training part of {options['text'] or 'the embedded corpus'}"
-                                 f" has {len(self.train_ids)} {unit}, fewer than one window of "
-                                 f"--context {context} + 1")
-            if vocab is not None and vocab < self.tokenizer.vocab_size:
-                raise UsageError(f"the tokenizer has {self.tokenizer.vocab_size} ids, more than "
-                                 f"the model's {vocab} embedding rows")
-            vocab = vocab or self.tokenizer.vocab_size
+            vocab = self._read_text(tokenizer, vocab)
         else:
             vocab = 11 if self.task == "reverse" else 10  # digits, plus BOS for reverse
             if self.task == "sort":
@@ -154,6 +131,40 @@ class Run:
         self.sample_rng = np.random.default_rng([seed, 3])
 
     # ---------------------------------------------------------------- pieces
+    def _read_text(self, tokenizer: CharTokenizer | BPETokenizer | None,
+                   vocab: int | None) -> int:
+        """The LM's text as ids (``self.ids``, split into ``train_ids`` and ``val_ids``) with
+        its tokenizer (given, or made from the text); returns the model's vocabulary.
+
+        Raises
+        ------
+        UsageError
+            For characters the tokenizer cannot encode, a text too short for a window, a
+            tokenizer with more ids than ``vocab``.
+        """
+        o, context = self.options, self.length
+        what = o["text"] or "the embedded corpus"
+        text = training_text(o)
+        self.tokenizer = tokenizer or new_tokenizer(text, o)
+        missing = self.tokenizer.missing(text)
+        if missing:
+            shown = "".join(missing[:20]) + ("..." if len(missing) > 20 else "")
+            raise UsageError(f"{what} has {len(missing)} character(s) outside the tokenizer's "
+                             f"vocabulary of {self.tokenizer.vocab_size}: {shown!r}")
+        self.ids = self.tokenizer.encode(text)
+        unit = "characters" if isinstance(self.tokenizer, CharTokenizer) else "tokens"
+        if len(self.ids) < 20:
+            raise UsageError(f"the text has {len(self.ids)} {unit}; a language model needs "
+                             f"more to split into training and held-out parts")
+        self.train_ids, self.val_ids = train_val_split(self.ids, 0.9)
+        if len(self.train_ids) < context + 1:
+            raise UsageError(f"the training part of {what} has {len(self.train_ids)} {unit}, "
+                             f"fewer than one window of --context {context} + 1")
+        if vocab is not None and vocab < self.tokenizer.vocab_size:
+            raise UsageError(f"the tokenizer has {self.tokenizer.vocab_size} ids, more than the "
+                             f"model's {vocab} embedding rows")
+        return vocab or self.tokenizer.vocab_size
+
     def _check_memory(self, config: TransformerConfig | LSTMConfig, model: str,
                       training: bool = True) -> None:
         """Raise ``ValueError`` naming the option if the run cannot fit in memory: weights,
@@ -166,12 +177,13 @@ class Run:
         if not training:
             check_inference_fits(config, model, 1, 1, copies=2, label=_option_label)
             return
-        lm = self.task == "lm"
-        fixed = self.started_from is not None or self.options.get("init_from") is not None
+        lm, source = self.task == "lm", self.options.get("init_from")
+        hint = "" if source is None else (f" (a run of that size starts from the same "
+                                          f"weights with train --init-from {source})")
         check_training_fits(config, model, self.options["batch"], self.options["steps"],
                             self.eval_batch(config) if lm else TASK_EVAL_SET, schedule=lm,
-                            label=_option_label,
-                            adjustable=("batch", "max_len", "steps") if fixed else None)
+                            label=_option_label, hint=hint,
+                            adjustable=None if source is None else ("batch", "max_len", "steps"))
 
     @staticmethod
     def eval_batch(config: TransformerConfig | LSTMConfig) -> int:
@@ -195,11 +207,13 @@ class Run:
         Raises
         ------
         UsageError
-            If the run has made more steps, or its schedule is the cosine one.
+            If the run has made as many steps or more (a run of ``steps`` would not have
+            evaluated at that step in its loop), or its schedule is the cosine one.
         """
         made, planned = self.trainer.step_count, self.options["steps"]
-        if steps < made:
-            raise UsageError(f"--steps {steps}: the run has made {made} steps already")
+        if steps <= made and steps != planned:
+            raise UsageError(f"--steps {steps}: the run has made {made} steps already; give "
+                             f"more")
         if self.options["schedule"] == "cosine" and steps != planned:
             raise UsageError(f"--steps {steps}: the cosine schedule of this run decays over its "
                              f"{planned} steps, and one of {steps} would have had other "

@@ -13,13 +13,11 @@ the steps the resume recomputes, as the resume cuts them from ``log.jsonl``.
 from __future__ import annotations
 
 import contextlib
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from .outputs import UsageError
+from .outputs import EVENTS_FOLDER, UsageError
 
-FOLDER = "tensorboard"  # inside the run folder
 SKIPPED = ("step", "time", "final")  # a record's entries that are no scalar of their own
 
 
@@ -52,7 +50,7 @@ class EventLog:
     """The run's event files, open for writing (:func:`event_log`)."""
 
     def __init__(self, run_dir: Path, step: int) -> None:
-        self.writer = _summary_writer()(logdir=str(Path(run_dir) / FOLDER),
+        self.writer = _summary_writer()(logdir=str(Path(run_dir) / EVENTS_FOLDER),
                                         purge_step=step or None)
 
     def write(self, record: dict) -> None:
@@ -76,7 +74,3 @@ def event_log(run_dir: Path, enabled: bool, step: int) -> Iterator[EventLog | No
     finally:
         events.close()
 
-
-def remove_events(run_dir: Path) -> None:
-    """Delete the event files of a run folder that ``--force`` reuses."""
-    shutil.rmtree(Path(run_dir) / FOLDER, ignore_errors=True)

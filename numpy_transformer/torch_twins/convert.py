@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import interop
 from .. import nn as ours
-from ..config import DEFAULT_BACKEND
+from ..config import DEFAULT_BACKEND, LSTMConfig, TransformerConfig
 from ..optim import Adam, AdamW
 from . import modules
 from ._torch import nn, torch
@@ -149,14 +149,24 @@ def from_torch(twin: nn.Module, backend: str | None = None) -> ours.Module:
     Raises
     ------
     ValueError
-        If ``twin`` is not a model twin, or its parameters are not float32 or float64, or
-        not finite.
+        If ``twin`` is not a model twin, its ``config`` is not its family's (a
+        ``TransformerConfig``, an ``LSTMConfig`` for an ``LSTMLM``), its parameters hold no
+        values (the meta device), are not float32 or float64, or are not finite.
     """
     name = type(twin).__name__
     if name not in _MODELS or not isinstance(twin, twin_class(name)):
         raise ValueError(f"from_torch takes a model twin ({', '.join(_MODELS)}), got {name}; "
                          f"for a layer use interop.from_torch_state_dict(layer, "
                          f"twin.state_dict())")
+    config_class = LSTMConfig if name == "LSTMLM" else TransformerConfig
+    if not isinstance(getattr(twin, "config", None), config_class):
+        raise ValueError(f"the {name} twin's config must be a {config_class.__name__}, got "
+                         f"{type(getattr(twin, 'config', None)).__name__}")
+    meta = next((n for n, p in twin.named_parameters() if p.is_meta), None)
+    if meta is not None:
+        raise ValueError(f"the twin's parameter {meta} is on the meta device and holds no "
+                         f"values; materialise the twin first (twin.to_empty(device='cpu'), "
+                         f"then load its weights)")
     dtypes = {p.dtype for p in twin.parameters()}
     by_torch = {t: np.dtype(d).name for d, t in TORCH_DTYPES.items()}
     if len(dtypes) != 1 or next(iter(dtypes)) not in by_torch:
@@ -171,6 +181,18 @@ def from_torch(twin: nn.Module, backend: str | None = None) -> ours.Module:
     model = getattr(ours, name)(config)
     interop.from_torch_state_dict(model, twin.state_dict())
     return model
+
+
+def _twin_parameters(twin: nn.Module, model: ours.Module) -> dict:
+    """The twin's parameters by torch name, once every parameter of ``model`` has its
+    namesake there (``ValueError`` naming the first that does not: a twin of another model)."""
+    twin_params = dict(twin.named_parameters())
+    absent = [t for t, _ in interop.torch_names(model).values() if t not in twin_params]
+    if absent:
+        raise ValueError(f"the twin ({type(twin).__name__}) has no parameter {absent[0]!r} of "
+                         f"the {type(model).__name__}: pass the twin of this model "
+                         f"(to_torch(model))")
+    return twin_params
 
 
 def gradient_pairs(module: ours.Module, twin: nn.Module):
@@ -207,11 +229,17 @@ def adam_to_torch(optimizer: Adam, model: ours.Module,
         decays every parameter of a group). Each parameter's state holds our moments (linear
         weights' transposed like the weights) and our step count, so torch's next update is
         the one ours would make.
+
+    Raises
+    ------
+    ValueError
+        If ``twin`` is not the twin of ``model`` (a parameter of it is absent), or the
+        optimiser's moments are not those of ``model``'s parameters.
     """
     torch_class = torch.optim.AdamW if optimizer.decoupled else torch.optim.Adam
     names = interop.torch_names(model)
     params = {name: p for name, p, _ in model.named_parameters()}
-    twin_params = dict(twin.named_parameters())
+    twin_params = _twin_parameters(twin, model)
     decayed = {n for n in names if optimizer.weight_decay and optimizer.decays(n, params[n])}
     groups = [{"params": [twin_params[names[n][0]] for n in names if (n in decayed) == d],
                "weight_decay": optimizer.weight_decay if d else 0.0} for d in (True, False)]
@@ -275,6 +303,11 @@ def _step_and_moments(torch_opt: torch.optim.Optimizer, twin_params: dict,
                       torch_names: list[str]) -> tuple[int, dict, dict] | None:
     """The one step count and both moments (torch's name -> tensor); None before a step."""
     states = [torch_opt.state.get(twin_params[t], {}) for t in torch_names]
+    for t, state in zip(torch_names, states, strict=True):
+        absent = [k for k in ("step", "exp_avg", "exp_avg_sq") if state and k not in state]
+        if absent:
+            raise ValueError(f"the torch optimiser's state of {t} has no {absent[0]!r} "
+                             f"(Adam's state is 'step', 'exp_avg', 'exp_avg_sq')")
     steps = {int(s["step"]) for s in states if s}
     if len(steps) > 1 or (steps and not all(states)):
         raise ValueError(f"the parameters' step counts differ ({sorted(steps)}, or some have "
@@ -317,12 +350,14 @@ def adam_from_torch(torch_opt: torch.optim.Optimizer, twin: nn.Module, model: ou
     ------
     ValueError
         If the optimiser is another kind, uses amsgrad or maximize, its groups differ in lr,
-        betas, eps or positive weight decay, a parameter of the twin is in no group, the
-        parameters' step counts differ, or a moment is not finite (or a second one negative).
+        betas, eps or positive weight decay, ``twin`` is not the twin of ``model``, a
+        parameter of the twin is in no group, a parameter's state lacks a moment or its step,
+        the parameters' step counts differ, or a moment is not finite (or a second one
+        negative).
     """
     hyperparameters = _hyperparameters(torch_opt)  # refuses another optimiser first
     names = interop.torch_names(model)  # ours -> (torch's, transposed)
-    twin_params = dict(twin.named_parameters())
+    twin_params = _twin_parameters(twin, model)
     kind = AdamW if type(torch_opt) is torch.optim.AdamW else Adam
     optimizer = kind(**hyperparameters, decay=_decayed(torch_opt, twin_params, names),
                      backend=backend)
