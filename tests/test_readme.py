@@ -228,6 +228,45 @@ def test_the_exit_code_table_lists_every_code_and_every_command():
     assert exit_code_rows("| 1 | `fly` | no |\n")["1"] == {"fly"}
 
 
+# ------------------------------------------------------------------ the layout's map
+LAYOUT = ROOT / "docs" / "layout.md"
+PACKAGE = ROOT / "numpy_transformer"
+
+
+def layout_files(text: str) -> set[str]:
+    """The files the tree under "## The package" names: each line's first word, a folder
+    (``name/``) holding the lines indented below it, two spaces a level."""
+    tree = re.search(r"^## The package\n.*?^```\n(.*?)^```$", text, re.S | re.M).group(1)
+    folders, files = [], set()
+    for line in tree.splitlines():
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        name = line.split()[0]
+        del folders[depth:]
+        if name.endswith("/"):
+            folders.append(name)
+        else:
+            files.add("".join(folders) + name)
+    return files
+
+
+def package_files() -> set[str]:
+    """Every file of the package on disk (what git tracks: no caches)."""
+    return {p.relative_to(ROOT).as_posix() for p in PACKAGE.rglob("*") if p.is_file()
+            and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".nbi", ".nbc")}
+
+
+def test_the_layout_names_every_file_of_the_package():
+    listed = layout_files(LAYOUT.read_text(encoding="utf-8"))
+    missing, extra = sorted(package_files() - listed), sorted(listed - package_files())
+    assert not missing, f"docs/layout.md does not name {missing}"
+    assert not extra, f"docs/layout.md names files that are not there: {extra}"
+    # negative control: a tree that forgets a file, or puts one in the wrong folder
+    tree = "## The package\n\n```\nnumpy_transformer/\n  nn/\n    module.py  x\n  cli.py\n```\n"
+    assert layout_files(tree) == {"numpy_transformer/nn/module.py", "numpy_transformer/cli.py"}
+    assert layout_files(tree.replace("  cli.py", "    cli.py")) == {
+        "numpy_transformer/nn/module.py", "numpy_transformer/nn/cli.py"}
+
+
 # ------------------------------------------------------------------ the prose a reader copies
 def prose_lines(text: str) -> list[str]:
     """The inline code of a document's prose (fenced blocks aside) that is a Python statement
