@@ -1,10 +1,12 @@
-"""No timings or measured sizes in the package's code, comments and docstrings.
+"""No timings or measured sizes in the package's code, comments and docstrings, nor in the
+README; the README and ``benchmarks/README.md`` stay short.
 
 A number measured on one machine goes stale where it is written into the code: a comment says
 "0.4 ms per step" long after the step changed. Measurements live in ``benchmarks/README.md``,
-with the machine and the command that made them; the code says what it does and why, and
-points there. ``numpy_transformer/bench/`` is the exception: it is the code that measures, and
-its messages print units.
+with the machine and the command that made them, today's tables first; the code says what it
+does and why, and points there. ``numpy_transformer/bench/`` is the exception: it is the code
+that measures, and its messages print units. The README is the front door: at most 150 lines,
+its costs said in words; ``benchmarks/README.md`` at most 250, older runs left to git.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "numpy_transformer"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "numpy_transformer"
+LONGEST = {"README.md": 150, "benchmarks/README.md": 250}  # lines
 MEASURED = re.compile(r"\d+(\.\d+)? ?(ms|s|GB|MB|MiB|GiB)\b")
 EXEMPT = "bench"  # the subpackage that measures
 
@@ -52,3 +56,19 @@ def test_the_grep_finds_a_timing_and_passes_over_bench(tmp_path):
     assert [bool(MEASURED.search(s)) for s in ("1.5 s", "12MiB", "3 GiB", "10 steps", "2 ms.",
                                                "x1 = s", "1 sec")] == [
         True, True, True, False, True, False, False]
+
+
+def too_long(files: dict[str, int], root: Path) -> list[str]:
+    """``file: N lines, at most M`` of each file longer than its limit."""
+    counts = {name: len((root / name).read_text(encoding="utf-8").splitlines()) for name in files}
+    return [f"{name}: {counts[name]} lines, at most {limit}" for name, limit in files.items()
+            if counts[name] > limit]
+
+
+def test_the_readme_and_the_benchmarks_stay_short_and_the_readme_states_no_timing(tmp_path):
+    assert too_long(LONGEST, ROOT) == []
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert [line for line in readme.splitlines() if MEASURED.search(line)] == []
+    # negative control: a README one line past its limit
+    (tmp_path / "README.md").write_text("x\n" * 151, encoding="utf-8")
+    assert too_long({"README.md": 150}, tmp_path) == ["README.md: 151 lines, at most 150"]

@@ -103,6 +103,31 @@ def test_the_readme_maps_every_guide():
     assert unlinked[1].name == "cli.md" and len(unlinked) == len(GUIDES) + 1
 
 
+def set_up_commands(readme: str) -> list[str]:
+    """The commands of the README's "Set-up: two commands", each ``A && B`` as A and B."""
+    section = readme[readme.index("## Set-up"):].split("\n## ", 1)[0]
+    return [part.strip() for b in blocks(section) for line in b.body.splitlines()
+            for part in line.split(" && ")]
+
+
+def ci_runs(commands: list[str], ci: str) -> list[str]:
+    """The commands that no line of the CI script runs (comments aside)."""
+    lines = [line.strip() for line in ci.splitlines() if not line.lstrip().startswith("#")]
+    return [c for c in commands if not any(line == c or line.startswith(c + " ")
+                                           or f"&& {c}" in line or f"{c} &&" in line
+                                           for line in lines)]
+
+
+def test_ci_runs_the_readmes_two_commands():
+    commands = set_up_commands(README.read_text(encoding="utf-8"))
+    assert commands == ["pip install .", "numpy-transformer train", 'pip install ".[test]"',
+                        "python -m pytest"]
+    assert ci_runs(commands, (ROOT / ".ci" / "run").read_text(encoding="utf-8")) == []
+    # negative control: a README that installs in editable mode, which CI does not do
+    assert ci_runs(["pip install -e ."], "pip install .\n# pip install -e .\n") == [
+        "pip install -e ."]
+
+
 class BlockFailed(AssertionError):
     """A block of a walk failed: its document, line, and what it said."""
 
