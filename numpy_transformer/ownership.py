@@ -8,11 +8,12 @@ before, where each forward copies them).
 
 A model's ``loss_and_backward`` runs its forward and its backward in one call, and nothing
 writes into a weight in between (the optimiser steps after it). Inside :func:`borrowing` the
-caches therefore keep the weights themselves: at GPT-2 small's shape, 405 MiB of copies are
-never made (the linear layers' 324 MiB, and the attention's projections put side by side,
-81 MiB). When the call returns, :func:`let_go` takes the parameters, and any array of the
-call's own arguments, out of the caches again, so that no cache aliases an array that the
-optimiser or the caller writes next; the activations stay for a reader to look at.
+caches therefore keep the weights themselves: at GPT-2 small's shape, a copy of nearly every
+weight is never made (the linear layers', and the attention's projections put side by side;
+``benchmarks/README.md``). When the call returns, :func:`let_go` takes the parameters, and
+any array of the call's own arguments, out of the caches again, so that no cache aliases an
+array that the optimiser or the caller writes next; the activations stay for a reader to look
+at.
 """
 
 from __future__ import annotations

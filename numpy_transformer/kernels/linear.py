@@ -78,7 +78,7 @@ _CHUNK_ROWS = 384
 _MAX_CHUNKS = 8
 # A layer at least _WIDE_COLUMNS wide (a vocabulary head) makes dW by blocks of _BLOCK_COLUMNS
 # columns instead, each block one product over all rows: the row chunks' partials would hold
-# `chunks` copies of a weight that large (GPT-2's head, (768, 50304): 2 x 154 MB and their sum)
+# `chunks` copies of a weight that large (GPT-2's head, (768, 50304): two of them and their sum)
 _WIDE_COLUMNS = 4096
 _BLOCK_COLUMNS = 1024
 _JIT = jit_options()
@@ -291,9 +291,9 @@ def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int,
 
     Makes one product of x and the weights side by side, ``x [w_1 | .. | w_S]``, and writes
     it chunk by chunk, while the chunk's product is in cache, as S C-contiguous (B, H, T, D)
-    arrays. The copy the attention kernel keeps of them is then one contiguous block each: a
-    gather of them from the strided (B, T, S*H*D) product cost 0.3 ms per array and layer at
-    the char model's shape.
+    arrays. The copy the attention kernel keeps of them is then one contiguous block each,
+    with no gather of them from the strided (B, T, S*H*D) product, a pass more per array and
+    layer.
     """
     check_float("x", x, ndim=3)
     check_heads(ws, bs, heads)

@@ -203,10 +203,9 @@ OPTIONS = (
            default=128),
     Option("embed", LSTM, "width E of the token embedding; the default lands near the "
            "Transformer's size", "config", POSITIVE_INT, default=85),
-    # The chapter's training recipe. 1,500 steps of 0.1-0.15 s (float32, two cores, an
-    # otherwise idle machine) plus evaluation, plots and a sample: about four to five minutes.
-    # Measured under load: a step is ~0.45 s with one BLAS thread on a third of a core, i.e.
-    # ~0.15 s on a whole one. Lower it here if your machine is slower.
+    # The chapter's training recipe: 1,500 steps, then evaluation, plots and a sample (what
+    # that takes on two cores is in benchmarks/README.md). Lower it here if your machine is
+    # slower.
     Option("optimizer", TRAINING, "", choices=OPTIMIZERS, default="adam"),
     Option("lr", TRAINING, "peak learning rate", rule=POSITIVE, default=2e-3,
            overrides={"task": 1e-3}),
