@@ -5,6 +5,10 @@ The files a run folder holds, and what each contains, are listed once, in
 :data:`numpy_transformer.runs.outputs.RUN_FILES`. Every path into a run folder is made here, and
 so is what guards the folder as a whole:
 
+* a new run goes into a folder that holds nothing else; one that holds a run is refused with
+  one line saying which run and the way out (:func:`new_run_folder`), except that a
+  ``train`` without ``--out`` whose own folder (``runs/char-lm``) holds that same run,
+  finished, says so and has nothing to do (exit 0): each default run has one folder;
 * a process that trains in a folder holds it (:class:`FolderLock`): a second ``train`` or
   ``--resume`` of the same folder is refused with one line naming the first one's pid;
 * once a folder is held, the temporary files of atomic writes that a kill left behind
@@ -105,10 +109,10 @@ def new_run_folder(out: str | None, description: dict, force: bool) -> FolderLoc
     try:
         if _occupied(path):
             if not force:
-                finished, message = _what_it_holds(path, description, asked=out is not None)
-                if not finished or out is not None:
+                done, message = _what_it_holds(path, description, asked=out is not None)
+                if not done:
                     raise UsageError(message)
-                say(message)
+                say(message)  # the folder the command chose holds this run, finished
                 lock.release()
                 return None
             check_run_files(path)
@@ -175,34 +179,35 @@ def _occupied(path: Path) -> bool:
 
 def _what_it_holds(path: Path, description: dict, asked: bool) -> tuple[bool, str]:
     """What the non-empty folder ``path`` holds, for a new run of ``description`` in it:
-    ``(finished, message)``, whether it is this run, finished and reported, and one line
-    saying what it holds and what to do (to the user who ``asked`` for this folder with
-    ``--out``, or who left it to the command)."""
+    ``(done, message)``. ``done``: it holds this run, finished and reported, and the user did
+    not ask for the folder (``--out``) but left it to the command, which has nothing to do.
+    ``message``: one line saying what it holds and what to do."""
     held = _read_json(path / CONFIG)
-    if held is None:
+    if held is None or not all(isinstance(held.get(k), dict) for k in ("config", "options")):
         return False, (f"run folder {path} is not empty and holds no run; choose another "
                        f"--out or pass --force")
-    if all(isinstance(held.get(k), dict) for k in ("config", "options")):
-        held = _in_todays_format(held, path / CONFIG)
-    diff = _differences(held, description)
+    held = _in_todays_format(held, path / CONFIG)
+    diff, options = _differences(held, description), description["options"]
     if diff:
-        longer = (f", or extend it: 'numpy-transformer train --resume {path} --steps "
-                  f"{description['options']['steps']}'" if diff == ["steps"] else "")
+        held_steps, steps = held["options"].get("steps"), options["steps"]
+        longer = diff == ["steps"] and options["schedule"] != "cosine" and isinstance(
+            held_steps, int) and steps > held_steps  # the held run extends to this one
+        extend = (f", or extend it: 'numpy-transformer train --resume {path} --steps {steps}'"
+                  if longer else "")
         return False, (f"run folder {path} holds a different run (differs in "
-                       f"{', '.join(diff)}); choose another --out or pass --force{longer}")
+                       f"{', '.join(diff)}); choose another --out or pass --force{extend}")
     try:
         held_ckpt = load_checkpoint(path / CHECKPOINT)
         finished, step = held_ckpt.meta.get("finished"), held_ckpt.step
     except CheckpointError:
         finished, step = False, None
-    options = description["options"]
     if finished and has_report(path, options["task"], options["model"]):
         if not asked:
             sample = f", or 'numpy-transformer sample {path}'" if options["task"] == "lm" else ""
             return True, (f"{path} already holds this run, finished: nothing to do (see its "
                           f"files{sample}; --force trains it again)")
-        return True, (f"run folder {path} already holds this run, finished; pass --force to "
-                      f"train it again or choose another --out")
+        return False, (f"run folder {path} already holds this run, finished; pass --force to "
+                       f"train it again or choose another --out")
     where = ("before its first checkpoint" if step is None else
              "before writing its report" if finished else f"at step {step}")
     return False, (f"run folder {path} already holds this run, stopped {where}; continue it "
