@@ -192,9 +192,6 @@ def test_every_block_runs_in_order_in_one_folder(doc, reader_folder, capsys):
     assert PRINTED.get(doc.name, "") in capsys.readouterr().out
 
 
-@pytest.mark.xfail(strict=True, reason="issue 41, engineer B (branch issue-41b): a default "
-                   "train whose folder holds its run, finished, says so and makes no dated "
-                   "folder; remove this marker when that lands")
 def test_the_walk_left_one_folder_per_run(reader_folder):
     """After every page in one folder: the default ``train`` of the README, of the tour and of
     the road out is one run, ``runs/char-lm``, not a pile of dated ``runs/char-lm-DATE``."""
