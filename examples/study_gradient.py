@@ -55,7 +55,7 @@ def load(source: Path) -> tuple:
     the model rebuilt on the NumPy references without dropout, in training mode."""
     if (source / "checkpoint.npz").is_file():
         run = load_run(source)
-        stored, tokenizer, trained_on = run.model, run.tokenizer, run.options.get("text")
+        stored, tokenizer, trained_on = run.model, run.tokenizer, run.options.text
     else:
         exported = load_model(source)
         stored, tokenizer = exported.model, exported.tokenizer

@@ -61,18 +61,17 @@ CHAPTER = {"sinusoidal": {"train": 1.1132, "held_out": 1.9190},
 
 
 def transformer_config(vocab: int, positions: str, backend: str, seed: int) -> TransformerConfig:
-    """The chapter's model: width 84, 4 heads of 21, FFN 168 ReLU, 2 pre-LN blocks."""
-    return TransformerConfig(vocab=vocab, width=84, heads=4, layers=2, ffn_width=168,
-                             max_len=CONTEXT, activation="relu", positions=positions,
-                             embed_scale=True, embed_std=1 / np.sqrt(84), dtype="float32",
-                             backend=backend, seed=seed)
+    """The chapter's model (``TransformerConfig.chapter``: width 84, 4 heads of 21, FFN 168
+    ReLU, 2 pre-LN blocks) with ``positions``."""
+    return TransformerConfig.chapter(vocab, max_len=CONTEXT, positions=positions,
+                                     embed_std=1 / np.sqrt(84), backend=backend, seed=seed)
 
 
 def lstm_config(vocab: int, backend: str, seed: int) -> LSTMConfig:
-    """Embedding 85, one LSTM layer of 128, linear head: 132,336 parameters at vocabulary 104
-    (the Transformer's 132,488 less 0.11%), 131,480 at the embedded corpus's 100."""
-    return LSTMConfig(vocab=vocab, embed=85, hidden=128, layers=1, max_len=CONTEXT,
-                      dtype="float32", backend=backend, seed=seed)
+    """``LSTMConfig.chapter``: embedding 85, one LSTM layer of 128, linear head: 132,336
+    parameters at vocabulary 104 (the Transformer's 132,488 less 0.11%), 131,480 at the
+    embedded corpus's 100."""
+    return LSTMConfig.chapter(vocab, max_len=CONTEXT, backend=backend, seed=seed)
 
 
 def train(label: str, model, train_ids: np.ndarray, schedule: np.ndarray, backend: str):

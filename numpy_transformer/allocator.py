@@ -1,22 +1,22 @@
 """Keep freed buffers in the process instead of handing them back to the OS, or hand them back
 at once (glibc only).
 
-A training step allocates and frees the same few hundred arrays every time, several of them a
-few MiB (the FFN's hidden activations of the chapter's model: 6400 x 168 float32, 4.3 MiB),
-a few of them far larger (at GPT-2's shape the tied table's two gradients, 154 MB each, and
-the output head's block of logits, 51 MB). By default glibc serves each allocation above
+A training step allocates and frees the same few hundred arrays every time, several of them
+megabytes (the FFN's hidden activations of the chapter's model: (6400, 168) float32), a few of
+them far larger (at GPT-2's shape the tied table's two gradients, (50304, 768) float32 each,
+and the output head's block of logits). By default glibc serves each allocation above
 128 KiB straight from the OS (``mmap``) and unmaps it when it is freed, and returns freed heap
 memory once 128 KiB lies unused at its top (``trim``), so the next step gets fresh pages again,
-and the kernel zeroes and maps every one of them on first touch. Measured on the benchmark
-machines (2 cores), those page faults cost 5-8 ms of a 70 ms step of the chapter's model,
-3-4 ms of a 44 ms step of the small configuration, and 1.0-1.5 s of a 3.7 s step of the GPT-2
-shape on a KVM guest, whose host takes freed pages back (``benchmarks/README.md``).
+and the kernel zeroes and maps every one of them on first touch. On the benchmark machines
+those page faults cost about a tenth of the chapter's step, and a third of the GPT-2 shape's
+on a KVM guest, whose host takes freed pages back (``benchmarks/README.md`` has the
+measurements).
 
 :func:`reuse_freed_memory` turns ``mmap`` off for ``malloc`` (``M_MMAP_MAX`` = 0: every array
 comes from the heap) and raises the trim threshold, so that freed memory stays in the heap
 for the next step. Peak memory is the same arrays at the peak (the GPT-2 benchmark's peak
-RSS: 3,540-3,558 MiB with the setting over four runs, 3,572-3,631 without); the process
-simply does not shrink after it. It is a process-wide setting, so the library never calls it
+RSS with and without the setting is in ``benchmarks/README.md``); the process simply does
+not shrink after it. It is a process-wide setting, so the library never calls it
 on its own: the command line does, and so do the benchmarks.
 
 :func:`release_freed_memory` is the other way round, once: every free page of the heap goes
@@ -38,7 +38,7 @@ def reuse_freed_memory(trim_bytes: int = 1 << 30) -> bool:
 
     Parameters
     ----------
-    trim_bytes : int, default 1 GiB
+    trim_bytes : int, default 2**30
         Freed memory at the top of the heap is returned to the OS only beyond this much.
 
     Returns

@@ -101,11 +101,12 @@ examples:
       --steps 40 --out runs/tiny
   numpy-transformer train --resume runs/tiny   # after Ctrl-C: continues bit for bit
   numpy-transformer train --init-from runs/char-lm --text notes.txt --lr 5e-4 --out runs/ft
-  numpy-transformer train --tokenizer bpe --vocab-size 512 --text notes.txt  # subword tokens
+  numpy-transformer train --tokenizer bpe --vocab-size 512 --text notes.txt --out runs/bpe
 
 """ + textwrap.fill(
-    "Defaults in brackets are the language model's (the chapter's), then, where they differ, "
-    "those of --model lstm and of the synthetic tasks. Ctrl-C (SIGINT) or SIGTERM writes a "
+    "Defaults in brackets are the language model's, the chapter's (TransformerConfig.chapter() "
+    "and the recipe of RunOptions), then, where they differ, those of --model lstm "
+    "(LSTMConfig.chapter()) and of the synthetic tasks. Ctrl-C (SIGINT) or SIGTERM writes a "
     "checkpoint; --resume continues exactly, also a run written by an older version (what its "
     "format did not record is filled in as that version did it, and said). Sizes that cannot "
     "fit in the memory available are refused before anything is allocated.", width=90) + \

@@ -10,7 +10,7 @@ one of its parts).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # The feed-forward network takes the pair ``<name>_forward`` / ``<name>_backward`` of its
 # backend (``functional/activations.py``, a kernel where one is written) and the PyTorch twin
@@ -64,8 +64,9 @@ def _rope_shapes(width: int, heads: int) -> str:
 class TransformerConfig:
     """Hyperparameters of :class:`EncoderClassifier`, :class:`DecoderLM`, :class:`EncoderDecoder`.
 
-    The chapter's character model is ``TransformerConfig(vocab=104, width=84, heads=4,
-    layers=2, ffn_width=168, max_len=100, activation="relu", embed_scale=True)``.
+    The defaults of the fields are the library's: float64, in which the gradients are checked,
+    and GPT-2's GELU. The chapter's character model, which ``numpy-transformer train`` trains,
+    is the preset :meth:`chapter`.
     """
 
     vocab: int  # V: token ids lie in [0, vocab)
@@ -98,6 +99,34 @@ class TransformerConfig:
     backend: str = DEFAULT_BACKEND  # which implementation of the operations runs: see BACKENDS
     dtype: str = "float64"  # float64 for gradient checks; float32 for faster training
     seed: int = 0  # one seed fixes every initial tensor and every dropout mask
+
+    @classmethod
+    def chapter(cls, vocab: int = 104, **changes: object) -> TransformerConfig:
+        """The chapter's character model: the defaults of ``numpy-transformer train``
+        (``runs/options.py`` reads them here), 132,488 parameters at the chapter's vocabulary
+        of 104 characters.
+
+        Parameters
+        ----------
+        vocab : int, default 104
+            The characters of the text it models (the chapter's corpus has 104).
+        **changes
+            Fields to change, as ``TransformerConfig.chapter(vocab, dtype="float64")``.
+        """
+        return replace(cls(
+            vocab=vocab,
+            width=84,  # C = 4 heads of 21: with the FFN below, the model has 0.55% fewer
+            #   parameters than the LSTM it is compared with (133,224), so size explains no
+            #   difference between them
+            heads=4,
+            layers=2,  # two pre-LN blocks (norm_first's default)
+            ffn_width=168,  # F = 2C, where 4C is the classic choice: the size above
+            max_len=100,  # T: a window of 100 characters, the LSTM's context
+            activation="relu",  # Vaswani et al.'s feed-forward network, the chapter's
+            embed_scale=True,  # E[token] * sqrt(C) with embed_std's 1/sqrt(C): the token's
+            #   coordinates start on the scale of the sinusoidal table's
+            dtype="float32",  # trains faster than float64, which the checks use
+        ), **changes)
 
     def validate(self) -> TransformerConfig:
         """Raise ``ValueError`` naming the first bad value; returns ``self`` when all is well.
@@ -157,9 +186,8 @@ class LSTMConfig:
     ``max_len`` is the length of the training windows (and of the fixed windows of the
     held-out loss), not a limit on what the model can read.
 
-    The three-way char-LM comparison (``experiments/charlm.py``) uses
-    ``LSTMConfig(vocab=104, embed=85, hidden=128, max_len=100)``: 132,336 parameters, within
-    0.2% of the chapter's Transformer (132,488); the chapter's own LSTM had 133,224.
+    The LSTM of the chapter's comparison, the size of its Transformer, is the preset
+    :meth:`chapter`.
     """
 
     vocab: int  # V: token ids lie in [0, vocab)
@@ -173,6 +201,29 @@ class LSTMConfig:
     backend: str = DEFAULT_BACKEND  # which implementation of the operations runs: see BACKENDS
     dtype: str = "float64"  # float64 for gradient checks; float32 for faster training
     seed: int = 0  # one seed fixes every initial tensor
+
+    @classmethod
+    def chapter(cls, vocab: int = 104, **changes: object) -> LSTMConfig:
+        """The LSTM the chapter's Transformer is compared with (``experiments/charlm.py``), and
+        the defaults of ``numpy-transformer train --model lstm``: 132,336 parameters at the
+        chapter's vocabulary of 104, the Transformer's :meth:`TransformerConfig.chapter` less
+        0.11% (the chapter's own LSTM had 133,224, in other shapes).
+
+        Parameters
+        ----------
+        vocab : int, default 104
+            The characters of the text it models.
+        **changes
+            Fields to change, as ``LSTMConfig.chapter(vocab, backend="numpy")``.
+        """
+        return replace(cls(
+            vocab=vocab,
+            hidden=128,  # H: with the embedding below, about the Transformer's size
+            max_len=100,  # T: the Transformer's window of 100 characters
+            embed=85,
+            layers=1,
+            dtype="float32",  # trains faster than float64, which the checks use
+        ), **changes)
 
     @property
     def embed_width(self) -> int:

@@ -22,7 +22,8 @@ integers (they cannot overflow), and count only what certainly stays allocated:
 * the LM's window schedule, drawn up front: steps x batch int64 starts;
 * the Python objects of each layer beside its numbers: the modules, their ``params`` and
   ``grads`` dicts, every array's header (``LAYER_OBJECT_BYTES``). At small widths they are
-  what a model costs: a million layers of width 2 hold 0.5 GB of weights and 11 GB of objects.
+  what a model costs: a million layers of width 2 hold twenty times more bytes of objects than
+  of weights.
 
 NumPy's temporaries and the interpreter are not counted, so the estimate is a lower bound of
 what a run allocates: when it exceeds the memory available, the run cannot fit and is refused

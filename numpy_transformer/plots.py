@@ -213,10 +213,10 @@ def _snippet(run):
     """(the attention module of every layer, model inputs, query labels, key labels)."""
     model = run.model
     if run.task == "lm":
-        ids = np.asarray(run.val_ids[:min(run.config.max_len, 40)])
+        ids = np.asarray(run.data.val_ids[:min(run.config.max_len, 40)])
         chars = [repr(run.tokenizer.decode(ids[i:i + 1]))[1:-1] for i in range(len(ids))]
         return [b.attn for b in model.decoder.blocks], (ids[None, :],), chars, chars
-    inputs = tuple(a[:1] for a in run.eval_set.inputs)
+    inputs = tuple(a[:1] for a in run.data.eval_set.inputs)
     if run.task == "reverse":  # cross-attention: target positions read the source
         src, tgt = inputs
         return ([b.cross_attn for b in model.decoder.blocks], inputs,

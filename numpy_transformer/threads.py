@@ -18,6 +18,10 @@ runs other work too (``benchmarks/README.md`` has the measurements behind each):
 * :func:`set_blas_threads` sets the thread count of every OpenBLAS loaded in the process, at
   run time, without the environment variable that only works before NumPy is imported. The
   command line runs BLAS on one thread.
+* :func:`alone_below` runs a kernel on the calling thread alone when its call has fewer than
+  ``FEW_ROWS`` rows: a generation step's one row is less work than waking the pool's
+  sleeping threads, and on a busy machine a woken thread first waits for a core. The kernels
+  give the same bits on any number of threads, so this changes no number.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ _SETTERS = ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_",
 # region: the standard variable, GNU libgomp's spin count, LLVM's and Intel's block time
 WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+FEW_ROWS = 256  # rows of a kernel call below which no thread but the calling one works
 
 
 def _loaded_openblas() -> list[str]:
@@ -124,8 +129,8 @@ def use_cores(environ: MutableMapping[str, str] | None = None) -> int:
     environ = os.environ if environ is None else environ
     if not any(name in environ for name in WAIT_VARIABLES):
         environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    if "NUMBA_NUM_THREADS" not in environ:
-        numba.set_num_threads(min(numba.config.NUMBA_NUM_THREADS, available_cores()))
+    if "NUMBA_NUM_THREADS" not in environ:  # never more than the caller has set already
+        numba.set_num_threads(min(numba.get_num_threads(), available_cores()))
     return numba.get_num_threads()
 
 
@@ -223,3 +228,20 @@ def blas_on_calling_thread():
 
 
 _BLAS_THREADS = functools.cache(_openblas_thread_functions)
+
+
+@contextlib.contextmanager
+def alone_below(rows: int):
+    """Within the block Numba's parallel regions run on the calling thread alone if ``rows``
+    (those of the kernel call the block holds) are fewer than ``FEW_ROWS``; else as before."""
+    if rows >= FEW_ROWS:
+        yield
+        return
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)

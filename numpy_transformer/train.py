@@ -104,8 +104,8 @@ class Trainer:
 
         The library's models do it in one call, ``loss_and_backward``, which takes the head
         and the loss as one operation (``functional/head_loss.py``): on the numba backend the
-        (B, T, V) logits, their probabilities and their gradient, each 206 MB at GPT-2's
-        vocabulary and 1024 positions, are never made whole. Any other model is run as
+        (B, T, V) logits, their probabilities and their gradient, each (1, 1024, 50304) at
+        GPT-2's vocabulary and 1024 positions, are never made whole. Any other model is run as
         ``forward``, the loss, ``backward``; the logits and the probabilities are let go
         before its backward starts, when every layer's cache is still held.
         """

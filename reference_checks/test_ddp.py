@@ -82,7 +82,7 @@ def test_continue_with_ddp_on_two_processes(tmp_path):
         np.testing.assert_allclose(back.model.state_dict()[name], p, rtol=1e-10, atol=1e-13,
                                    err_msg=name)
 
-    # and back here to study a gradient (the README's fourth command)
+    # and back here to study a gradient (docs/outgrowing.md's fourth command)
     study = subprocess.run([sys.executable, str(ROOT / "examples" / "study_gradient.py"),
                             str(tmp_path / "export" / "ddp")], capture_output=True, text=True,
                            env=env, timeout=120)

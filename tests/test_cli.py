@@ -16,7 +16,7 @@ import pytest
 from _run_helpers import PYTHON, TINY, one_line_error, run_cli, small_text
 
 from numpy_transformer import cli, gradcheck_tables
-from numpy_transformer.checkpoint import load_checkpoint
+from numpy_transformer.checkpoint import load_checkpoint, restamp_checkpoint
 from numpy_transformer.nn import DecoderLM, TransformerConfig
 from numpy_transformer.runs.folder import read_log
 from numpy_transformer.runs.options import OPTIONS, resolve_options
@@ -44,11 +44,12 @@ def test_default_train_is_the_chapter_char_model():
                    embed_scale=True, tie_embeddings=False, bias=True, backend="numba",
                    dtype="float32")
     assert {k: fields[k] for k in chapter} == chapter  # (an option added since: its row's)
-    assert (options["batch"], options["lr"], options["clip"], options["optimizer"],
-            options["schedule"], options["text"]) == (64, 2e-3, 1.0, "adam", "constant", None)
-    assert 1000 <= options["steps"] <= 1500  # ~5 minutes at 0.1-0.25 s a step on 2 cores
+    assert (options.batch, options.lr, options.clip, options.optimizer, options.schedule,
+            options.text) == (64, 2e-3, 1.0, "adam", "constant", None)
+    assert 1000 <= options.steps <= 1500  # the chapter's 2,501 would take too long
     config = TransformerConfig(vocab=104, **fields)
     assert DecoderLM(config).num_parameters() == 132488  # the chapter's count
+    assert config == TransformerConfig.chapter()  # the preset the command line trains
     args = cli.build_parser().parse_args(["train"])
     assert args.out is None and args.resume is None
     assert all(getattr(args, o.key) is None for o in OPTIONS)  # None: not given
@@ -151,16 +152,59 @@ def test_sample_refuses_a_task_run(tmp_path):
 
 # ------------------------------------------------------------------------------------ run folder
 
-def test_default_folder_in_use_gets_a_new_timestamped_one(tmp_path, monkeypatch):
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_a_default_train_whose_folder_holds_its_run_finished_says_so(tmp_path, monkeypatch):
+    """``train`` without --out, again: its folder holds that run, finished, so it says so in
+    one line and exits 0, writing nothing and no dated folder beside it. Negative controls:
+    the same folder holding a different run, or this run stopped midway, is refused (exit 2)
+    with one line naming the way out, and the folder is left as it was."""
     monkeypatch.chdir(tmp_path)
-    argv = ["train", *TINY, "--text", small_text(tmp_path), "--steps", "2", "--quiet"]
+    argv = ["train", *TINY, "--text", small_text(tmp_path), "--quiet"]
+    assert run_cli([*argv, "--steps", "2"])[0] == 0
+    run_dir = Path("runs", "char-lm")
+    before = _files(run_dir)
+    code, out_finished, err = run_cli([*argv, "--steps", "2"])
+    assert (code, err) == (0, "")
+    assert out_finished.splitlines() == [
+        f"{run_dir} already holds this run, finished: nothing to do (see its files, or "
+        f"'numpy-transformer sample {run_dir}'; --force trains it again)"]
+    assert _files(run_dir) == before and os.listdir("runs") == ["char-lm"]
+
+    code, out, err = run_cli([*argv, "--steps", "2", "--lr", "0.01"])
+    assert code == 2 and one_line_error(err) and "holds a different run (differs in lr)" in err
+    assert "--out" in err and "--force" in err and not out
+    code, _, err = run_cli([*argv, "--steps", "3"])  # a longer run: extend this one
+    assert code == 2 and one_line_error(err)
+    assert f"extend it: 'numpy-transformer train --resume {run_dir} --steps 3'" in err
+    (run_dir / "sample.txt").unlink()  # stopped while writing its report
+    code, _, err = run_cli([*argv, "--steps", "2"])
+    assert code == 2 and one_line_error(err) and "stopped before writing its report" in err
+    assert f"'numpy-transformer train --resume {run_dir}'" in err
+    assert _files(run_dir) == {k: v for k, v in before.items() if k != "sample.txt"}
+    ckpt = load_checkpoint(run_dir / "checkpoint.npz")
+    restamp_checkpoint(run_dir / "checkpoint.npz", ckpt.options, {"finished": False})
+    code, _, err = run_cli([*argv, "--steps", "2"])  # as if stopped after its last step
+    assert code == 2 and one_line_error(err) and "this run, stopped at step 2" in err
+    assert run_cli(["train", "--resume", run_dir, "--quiet"])[0] == 0  # the way out named
+    assert run_cli([*argv, "--steps", "2"])[:2] == (0, out_finished)
+    assert os.listdir("runs") == ["char-lm"]
+
+
+def test_a_default_task_run_folder_holding_its_run_finished(tmp_path, monkeypatch):
+    """A synthetic task's default folder follows the same rule; it has no text to sample."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--task", "sort", "--width", "16", "--heads", "2", "--layers", "1",
+            "--ffn-width", "16", "--steps", "2", "--quiet"]
     assert run_cli(argv)[0] == 0
-    first = (tmp_path / "runs" / "char-lm" / "checkpoint.npz").read_bytes()
     code, out, _ = run_cli(argv)
-    assert code == 0 and "runs/char-lm is in use; this run goes to runs/char-lm-" in out
-    assert run_cli(argv)[0] == 0  # even within the same second
-    assert (tmp_path / "runs" / "char-lm" / "checkpoint.npz").read_bytes() == first
-    assert len(list((tmp_path / "runs").iterdir())) == 3
+    assert code == 0 and out.startswith("runs/sort already holds this run, finished")
+    assert "sample" not in out
+    code, _, err = run_cli([*argv, "--seed", "1"])
+    assert code == 2 and one_line_error(err) and "different run (differs in seed)" in err
+    assert os.listdir("runs") == ["sort"]
 
 
 def test_explicit_folder_holding_a_run_is_refused_unless_force(tiny_run, tmp_path):

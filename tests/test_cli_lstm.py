@@ -34,10 +34,11 @@ def lstm_run(tmp_path_factory):
 
 def test_default_lstm_is_the_size_of_the_chapter_transformer():
     fields, options = resolve_options("lm", {"model": "lstm"})
-    assert options["model"] == "lstm"
+    assert options.model == "lstm"
     assert (fields["hidden"], fields["embed"], fields["layers"], fields["max_len"]) == (
         128, 85, 1, 100)
     assert "width" not in fields and "heads" not in fields
+    assert LSTMConfig(vocab=104, **fields) == LSTMConfig.chapter()  # the preset it trains
     params = LSTMLM(LSTMConfig(vocab=104, **fields)).num_parameters()
     assert params == 132336 and abs(params - 132488) / 132488 < 0.01  # within 1% of 132,488
 

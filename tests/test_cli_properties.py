@@ -173,7 +173,7 @@ def test_every_command_and_option_is_drawn():
         if option.store:
             toml_value(option)
     with pytest.raises(LookupError, match="'colour'"):
-        toml_value(Option("colour", "", ""))
+        toml_value(Option("colour", ""))
 
 
 @st.composite

@@ -58,12 +58,12 @@ def test_a_missing_file_and_resume_are_refused(tmp_path):
 
 
 def test_every_recorded_option_can_come_from_a_file(tmp_path):
-    from numpy_transformer.runs.options import OPTIONS, default_of
+    from numpy_transformer.runs.options import MODELS, OPTIONS, applies, default_of
 
     lines = []
     for o in OPTIONS:
         if o.store and o.key != "text":
-            value = default_of(o, "lm", "transformer" if o.key != "hidden" else "lstm")
+            value = default_of(o, "lm", next(m for m in MODELS if applies(o, m)))
             if value is not None:
                 rendered = repr(value).lower() if isinstance(value, bool) else repr(value)
                 lines.append(f"{o.key} = {rendered}".replace("'", '"'))

@@ -481,7 +481,7 @@ def test_max_len_one_reads_only_the_last_token(policy):
 
 
 def test_generate_without_an_rng_draws_from_a_fresh_one():
-    """The README's ``generate(model, ids, steps=300)``: no generator given, a fresh unseeded
+    """docs/python.md's ``generate(model, ids, steps=300)``: no generator given, a fresh unseeded
     one draws (two calls differ); greedy needs none."""
     model = DecoderLM(tiny_config())
     outs = {tuple(generate(model, [1, 2], 30, temperature=2.0)) for _ in range(3)}

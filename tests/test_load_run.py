@@ -24,7 +24,7 @@ def lm_run(tmp_path_factory):
 def test_the_model_is_the_checkpoints_weights_in_eval_mode(lm_run):
     run = nt.load_run(lm_run)
     ckpt = load_checkpoint(lm_run / "checkpoint.npz")
-    assert run.step == ckpt.step == 3 and run.options["steps"] == 3
+    assert run.step == ckpt.step == 3 and run.options.steps == 3
     assert run.config.width == 16 and run.config.dropout == 0.1 and run.model.config is run.config
     assert not run.model.training  # dropout off, as sample uses it
     for name, param, _ in run.model.named_parameters():

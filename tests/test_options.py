@@ -5,20 +5,23 @@ and the parser, the help and the ``--resume`` refusal are made from it."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import pytest
 from _run_helpers import one_line_error, run_cli
 
 from numpy_transformer import cli, cli_parser
+from numpy_transformer.config import LSTMConfig, TransformerConfig
 from numpy_transformer.runs.options import (
     BY_KEY,
     CONFIG_FIELDS,
     MODEL_KEYS,
     MODELS,
     OPTIONS,
-    POSITIVE,
     TASKS,
+    TRAIN_KEYS,
     Option,
+    RunOptions,
     applies,
     check_value,
     default_of,
@@ -57,7 +60,46 @@ def test_every_run_has_the_defaults_of_before_the_table(task, model):
         want = {**want, "max_len": 8}  # the reverse task's source length
     assert {k: fields[k] for k in want} == want  # (an option added since: see its row)
     want = {**BEFORE["recipe"], **BEFORE[f"{kind} recipe"], "task": task, "model": model}
-    assert {k: options[k] for k in want} == want
+    assert {k: getattr(options, k) for k in want} == want
+
+
+@pytest.mark.parametrize("model,config", [("transformer", TransformerConfig),
+                                          ("lstm", LSTMConfig)])
+def test_the_language_models_defaults_are_the_chapter_presets(model, config):
+    """One set of defaults: a default ``train`` (of either model) trains the config's chapter
+    preset with RunOptions' recipe; the synthetic tasks' own come from the rows' overrides."""
+    fields, options = resolve_options("lm", {"model": model})
+    assert config(vocab=104, seed=0, **fields) == config.chapter()
+    assert options == RunOptions(model=model)
+    fields, options = resolve_options("sort", {})
+    assert fields != {k: getattr(TransformerConfig.chapter(), k) for k in fields}
+    assert options != RunOptions(task="sort")  # the tasks' recipe: see test above
+
+
+def test_a_presets_changes_are_checked_fields():
+    assert TransformerConfig.chapter(dtype="float64").dtype == "float64"
+    assert TransformerConfig.chapter(50).vocab == 50
+    with pytest.raises(TypeError, match="colour"):
+        TransformerConfig.chapter(colour="red")
+    assert LSTMConfig.chapter().embed_width == 85
+
+
+def test_a_run_carries_its_options_frozen_and_typed():
+    """RunOptions' fields are the rows a run records as options, in the table's order (the
+    order config.json lists them), each with a type hint; a run cannot change them in place."""
+    assert TRAIN_KEYS == tuple(o.key for o in OPTIONS if o.store == "options")
+    hints = typing.get_type_hints(RunOptions)
+    assert all(isinstance(getattr(RunOptions(), key), hints[key]) for key in TRAIN_KEYS)
+    options = resolve_options("lm", {})[1]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.steps = 3
+    assert dataclasses.replace(options, steps=3).steps == 3 and options.steps != 3
+
+
+def test_a_row_of_the_table_takes_keywords():
+    assert Option("k", "g", help="h").help == "h"
+    with pytest.raises(TypeError):
+        Option("k", "g", "h")  # negative control: nothing past the group by position
 
 
 def test_every_config_field_is_an_option_or_set_by_the_run():
@@ -120,32 +162,35 @@ def test_a_config_row_belongs_to_the_models_whose_config_has_the_field():
             owners = [m for m in MODELS if o.key in CONFIG_FIELDS[m]]
             assert [m for m in MODELS if o.key in MODEL_KEYS[m]] == owners
             for m in owners:
-                field = CONFIG_FIELDS[m][o.key]
-                assert field.default is not dataclasses.MISSING or o.default is not \
-                    dataclasses.MISSING or o.overrides, (o.key, m)
+                assert default_of(o, "lm", m) == getattr(
+                    {"transformer": TransformerConfig, "lstm": LSTMConfig}[m].chapter(), o.key)
+            others = [m for m in MODELS if m not in owners]
+            for m in others:  # negative control: --hidden has no default in a Transformer
+                with pytest.raises(LookupError, match=f"no option of a run of --model {m}"):
+                    default_of(o, "lm", m)
 
 
 def test_a_stored_number_may_be_unset_only_where_unset_is_a_default():
     # An optional number (a config field whose default is None, "each norm's own" say): a run
     # that left it unset stores null, which reads back; a number that always has a value
     # does not take null.
-    optional = Option("k", "g", "", "options", POSITIVE, default=None)
-    check_value(optional, None)
-    check_value(optional, 0.5)
-    with pytest.raises(UsageError, match="--k None: expected a positive number"):
-        check_value(Option("k", "g", "", "options", POSITIVE, default=1.0), None)
-    with pytest.raises(UsageError, match="--k -1: expected a positive number"):
-        check_value(optional, -1)
+    for key in ("vocab_size", "norm_eps", "kv_heads", "embed"):
+        check_value(BY_KEY[key], None)
+    check_value(BY_KEY["norm_eps"], 0.5)
+    with pytest.raises(UsageError, match="--lr None: expected a positive number"):
+        check_value(BY_KEY["lr"], None)
+    with pytest.raises(UsageError, match="--norm-eps -1: expected a positive number"):
+        check_value(BY_KEY["norm_eps"], -1)
 
 
 def test_the_steps_variable_replaces_the_default_and_a_flag_wins(monkeypatch):
     monkeypatch.setenv("NUMPY_TRANSFORMER_STEPS", "2")
-    assert resolve_options("lm", {})[1]["steps"] == 2
-    assert resolve_options("sort", {})[1]["steps"] == 2  # every task's default
-    assert resolve_options("lm", {"steps": 7})[1]["steps"] == 7
+    assert resolve_options("lm", {})[1].steps == 2
+    assert resolve_options("sort", {})[1].steps == 2  # every task's default
+    assert resolve_options("lm", {"steps": 7})[1].steps == 7
     for bad in ("0", "x", "2.5", ""):
         monkeypatch.setenv("NUMPY_TRANSFORMER_STEPS", bad)
         with pytest.raises(UsageError, match="NUMPY_TRANSFORMER_STEPS: expected a positive "):
             resolve_options("lm", {})
     monkeypatch.delenv("NUMPY_TRANSFORMER_STEPS")
-    assert resolve_options("lm", {})[1]["steps"] == BY_KEY["steps"].default
+    assert resolve_options("lm", {})[1].steps == RunOptions().steps

@@ -1,6 +1,6 @@
 """The run package's imports point one way (outputs <- options <- environment <- folder <-
-state <- stored <- sources <- init_from <- ... <- report <- loop), and the command line imports
-nothing heavy before a command runs."""
+training_data <- state <- stored <- sources <- init_from <- ... <- report <- loop), and the
+command line imports nothing heavy before a command runs."""
 
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ import numpy_transformer
 
 PACKAGE = Path(numpy_transformer.__file__).parent
 # Each module of numpy_transformer.runs may import only the modules before it.
-ORDER = ("outputs", "options", "environment", "folder", "state", "stored", "sources",
-         "init_from", "importing",
-         "sample", "evaluate",
-         "export", "report", "tensorboard", "loop")
+ORDER = ("outputs", "options", "environment", "folder", "training_data", "state", "stored",
+         "sources", "init_from", "importing", "sample", "evaluate", "export", "report",
+         "tensorboard", "loop")
 # What cli.py may import when it is loaded: the standard library and these light modules.
 CLI_TOP_LEVEL = {"numpy_transformer", "numpy_transformer._version", "numpy_transformer.allocator",
                  "numpy_transformer.cli_parser",

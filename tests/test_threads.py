@@ -86,6 +86,33 @@ def test_use_cores_makes_threads_wait_asleep_unless_the_environment_says(monkeyp
         numba.set_num_threads(before)
 
 
+def test_use_cores_never_raises_a_thread_count_the_user_lowered(monkeypatch):
+    before = numba.get_num_threads()
+    monkeypatch.setattr(threads, "available_cores", lambda: numba.config.NUMBA_NUM_THREADS)
+    try:
+        numba.set_num_threads(1)  # a user who asked for one thread keeps one
+        assert threads.use_cores({}) == 1
+    finally:
+        numba.set_num_threads(before)
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs two Numba threads")
+def test_a_call_of_few_rows_runs_on_the_calling_thread_alone():
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        with threads.alone_below(threads.FEW_ROWS - 1):
+            assert numba.get_num_threads() == 1
+        assert numba.get_num_threads() == 2  # restored after the block
+        with threads.alone_below(threads.FEW_ROWS):
+            assert numba.get_num_threads() == 2
+        with pytest.raises(RuntimeError), threads.alone_below(1):
+            raise RuntimeError("a kernel that fails")
+        assert numba.get_num_threads() == 2  # restored after an error too
+    finally:
+        numba.set_num_threads(before)
+
+
 def test_the_numba_backend_sets_the_wait_policy_before_numba_starts_its_threads():
     # a fresh process: the setting must be in the environment when the OpenMP runtime loads
     code = ("import os, numba\n"

@@ -157,6 +157,18 @@ for i in range(steps):
 """
 
 
+# The library's first step: the command line's default run, built and stepped once
+FIRST_STEP = """
+import time
+from numpy_transformer.runs.options import resolve_options
+from numpy_transformer.runs.state import Run
+run = Run(*resolve_options("lm", {"steps": 2}))
+start = time.perf_counter()
+run.trainer.step(run.batch(0))
+print(time.perf_counter() - start)
+"""
+
+
 def seconds(argv: list[str], env: dict, cwd: Path) -> float:
     """Wall seconds of a fresh process ``argv``; RuntimeError with its error if it fails."""
     start = time.perf_counter()
@@ -176,9 +188,11 @@ def installed_copy(folder: Path) -> Path:
 
 
 def first_runs(recipe: list[str], process_steps: int = PROCESS_STEPS) -> dict[str, float]:
-    """Seconds of: the install's compile in a fresh copy of the package; ``numpy-transformer
-    train`` with ``recipe``'s options there, first and warm; a process of ``process_steps``
-    steps there, ours and PyTorch's; the first training step on an empty compile cache."""
+    """Seconds of: the install's compile in a fresh copy of the package; there, the library's
+    first ``Trainer.step`` (in a process of its own), ``numpy-transformer train --steps 1``
+    first and warm, ``numpy-transformer train`` with ``recipe``'s options first and warm, a
+    process of ``process_steps`` steps, ours and PyTorch's; and the first training step on an
+    empty compile cache."""
     from . import cold_start
 
     with tempfile.TemporaryDirectory(prefix="nt-real-machine-") as scratch:
@@ -189,9 +203,14 @@ def first_runs(recipe: list[str], process_steps: int = PROCESS_STEPS) -> dict[st
         py = sys.executable
         result = {"install compile": seconds([py, "-m", "numpy_transformer.compile_kernels"],
                                              env, folder)}
-        train = [py, "-m", "numpy_transformer", "train", *recipe, "--quiet", "--force", "--out"]
-        result["recipe, first run"] = seconds([*train, str(folder / "first")], env, folder)
-        result["recipe, warm"] = seconds([*train, str(folder / "warm")], env, folder)
+        done = subprocess.run([py, "-c", FIRST_STEP], capture_output=True, text=True, env=env,
+                              cwd=folder, check=True)
+        result["first Trainer.step"] = float(done.stdout.splitlines()[-1])
+        train = [py, "-m", "numpy_transformer", "train", "--quiet", "--force"]
+        for what, options in (("train --steps 1", ["--steps", "1"]), ("recipe", recipe)):
+            for run in ("first run", "warm"):
+                result[f"{what}, {run}"] = seconds(
+                    [*train, *options, "--out", str(folder / f"run{len(result)}")], env, folder)
         result["process, ours"] = seconds([py, "-c", PROCESS, "ours", str(process_steps)],
                                           env, folder)
         if torch_installed():
@@ -233,7 +252,9 @@ def main(argv: list[str] | None = None) -> None:
         for what, value in result.items():
             print(f"| {what} | {value:.2f} |")
         first, warm = result["recipe, first run"], result["recipe, warm"]
-        print(f"\nrecipe: first run / warm {first / warm:.2f}" + (
+        above = result["train --steps 1, first run"] - result["train --steps 1, warm"]
+        print(f"\ntrain --steps 1: first run above warm {above:+.2f} s; recipe: first run / "
+              f"warm {first / warm:.2f}" + (
             f"; {PROCESS_STEPS}-step process, ours / PyTorch "
             f"{result['process, ours'] / result['process, PyTorch']:.2f}"
             if "process, PyTorch" in result else ""))

@@ -73,10 +73,10 @@ from ._jit import helper, jit_options
 from .blas import gemm
 from .special import exp_clamped
 
-# Query rows per block. Measured on the benchmark machine (2 MiB L2 per core, T up to 2048):
-# 128 rows were best overall among 64, 128 and 256 (64 and 256 were each 0-10% slower on
-# most shapes, 256 faster at T = 512, D = 32). One block's scores, (2048, 128) float32, take
-# 1 MiB. Under a causal mask a block computes its rectangle up to its last row's keys, so the
+# Query rows per block. Measured on the benchmark machine (T up to 2048): 128 rows were best
+# overall among 64, 128 and 256 (64 and 256 were each 0-10% slower on most shapes, 256 faster
+# at T = 512, D = 32). One block's scores, (2048, 128) float32, fit in a core's L2 cache.
+# Under a causal mask a block computes its rectangle up to its last row's keys, so the
 # hidden triangle it computes and discards is 128 * 128 / 2 scores per block.
 _BLOCK_Q = 128
 
@@ -386,7 +386,7 @@ def _backward_scratch(n_threads, t_k, d, dtype):
 @helper(_JIT)
 def _store_key_sums(dk_acc, dv_acc, t_k, d, dk, dv):
     # dk, dv (T_k, D), any strides = a chunk's flat sums (not a slice assignment: its shape
-    # check compiles for ~2 s)
+    # check is slow to compile)
     one = dk_acc.dtype.type(1)
     _copy_rows(dk_acc.reshape((t_k, d)), t_k, one, dk)
     _copy_rows(dv_acc.reshape((t_k, d)), t_k, one, dv)

@@ -27,6 +27,7 @@ import numpy as np
 from numba import njit, prange
 
 from .._checks import check_shaped
+from ..threads import alone_below
 from ._jit import helper, jit_options
 from ._validate import check_kernel_float
 from .special import exp_clamped, exp_shifted
@@ -46,13 +47,19 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1)
 
 
+def _rows(x: np.ndarray) -> int:
+    """The rows of x (..., F), for ``threads.alone_below``."""
+    return x.size // x.shape[-1] if x.ndim and x.shape[-1] else x.size
+
+
 def _out_and_copy(x: np.ndarray, kernel_f32, kernel_f64, keep: bool):
     """``(out, copy of x)``, both written by the forward kernel of x's dtype in one pass;
     ``(out, None)`` without ``keep`` (the copy a scratch array then)."""
     check_kernel_float("x", x)
     out, x_own = np.empty(x.shape, dtype=x.dtype), np.empty(x.shape, dtype=x.dtype)
     kernel = kernel_f32 if x.dtype == np.float32 else kernel_f64
-    kernel(_flat(x), out.reshape(-1), x_own.reshape(-1))
+    with alone_below(_rows(x)):
+        kernel(_flat(x), out.reshape(-1), x_own.reshape(-1))
     return out, x_own if keep else None
 
 
@@ -62,7 +69,8 @@ def _dx_of_x(dout: np.ndarray, x: np.ndarray, kernel_f32, kernel_f64) -> np.ndar
     check_shaped("dout", dout, x.shape, x.dtype)
     dx = np.empty(x.shape, dtype=x.dtype)
     kernel = kernel_f32 if x.dtype == np.float32 else kernel_f64
-    kernel(_flat(dout), _flat(x), dx.reshape(-1))
+    with alone_below(_rows(x)):
+        kernel(_flat(dout), _flat(x), dx.reshape(-1))
     return dx
 
 
@@ -85,7 +93,8 @@ def relu_forward(x: np.ndarray, *, keep: bool = True):
     ``functional.activations.relu_forward``."""
     check_kernel_float("x", x)
     out = np.empty(x.shape, dtype=x.dtype)
-    _relu_forward_kernel(_flat(x), out.reshape(-1))
+    with alone_below(_rows(x)):
+        _relu_forward_kernel(_flat(x), out.reshape(-1))
     return out, out if keep else None
 
 
@@ -94,7 +103,8 @@ def relu_backward(dout: np.ndarray, out: np.ndarray) -> np.ndarray:
     check_kernel_float("out", out)
     check_shaped("dout", dout, out.shape, out.dtype)
     dx = np.empty(out.shape, dtype=out.dtype)
-    _relu_backward_kernel(_flat(dout), _flat(out), dx.reshape(-1))
+    with alone_below(_rows(out)):
+        _relu_backward_kernel(_flat(dout), _flat(out), dx.reshape(-1))
     return dx
 
 

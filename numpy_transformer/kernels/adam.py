@@ -16,8 +16,9 @@ bit for bit (``tests/test_optim.py``):
   one step to all of them, from the folded scalars.
 
 Why one call for all: the chapter's model has 37 parameter arrays, most of them small. One
-parallel call per array cost about 10 us each in start-up and dispatch, 0.4 ms per step for
-132k numbers whose arithmetic takes 0.05 ms; one call over a table of blocks takes 0.06 ms.
+parallel call per array spent several times the update's arithmetic in start-up and
+dispatch; one call over a table of blocks costs little more than the arithmetic
+(``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class ParameterSet:
                     raise ValueError(f"{group_name}s[{k}] must be C-contiguous and writeable")
         self.dtype = ps[0].dtype
         # the kernel reaches the arrays by address (a typed List of them would compile
-        # Numba's list code, which is not cached, in every new process: 0.3-0.5 s); these
+        # Numba's list code, which is not cached, in every new process); these
         # references keep them alive, and so the addresses valid, as long as this set
         self.arrays = tuple(tuple(group) for group in arrays)
         self.addresses = np.array([[x.ctypes.data for x in group] for group in arrays],

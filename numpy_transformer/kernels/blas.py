@@ -22,8 +22,8 @@ on disk stay valid in the next process, where the library is loaded at another a
 NumPy built on another BLAS (MKL, Accelerate, a 32-bit-integer OpenBLAS) has no such
 function; ``gemm_address`` then gives minus the address of SciPy's Fortran ``?gemm`` (the
 function behind Numba's ``np.dot``), which ``gemm`` calls instead. (A fallback through
-``np.dot`` itself doubled the kernels' first compilation, 29 -> 49 s: Numba compiled its
-whole implementation into every product of the parallel kernels.)
+``np.dot`` itself nearly doubled the kernels' first compilation: Numba compiled its whole
+implementation into every product of the parallel kernels.)
 
 The kernels compile ``gemm`` into themselves: editing this file recompiles every kernel on the
 next run (``kernels/_jit.py``), as editing a kernel's own file does.
@@ -202,8 +202,8 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, fn: int, accumulate: boo
 # Compiled kernels call the overload's implementation below, compiled once per layout of the
 # three arrays ("C", "F" or "A" each). It only takes the arrays apart into addresses, shapes
 # and strides for `_gemm_strided`, which does the work and compiles once per dtype: the default
-# run's products, of five layouts, compiled for 1.23-1.61 s on an empty cache with the work in
-# the implementation itself, and for 0.71-0.87 s so (four runs each; `benchmarks/README.md`).
+# run's products, of five layouts, compile in about half the time they took with the work in
+# the implementation itself (`benchmarks/README.md`).
 # ``_gemm`` is the entry from Python.
 @overload(gemm, jit_options=_JIT)
 def _gemm_in_compiled_code(a, b, out, fn, accumulate=False):

@@ -6,8 +6,7 @@ checks them against those, bit for bit):
 * ``out, cache = embeddings_forward(ids, table, scale=1.0, positions=None)``:
   ``out[b, t] = table[ids[b, t]] * scale + positions[t]``, rows in parallel, each entry
   rounded as the three NumPy passes round it (the lookup, ``* scale``, ``+ positions``).
-  One pass instead of three, and no intermediate arrays: 0.9 -> 0.2 ms at the char model's
-  (64, 100, 84).
+  One pass instead of three, and no intermediate arrays (``benchmarks/README.md``).
 * ``dtable = embeddings_backward(dout, cache, scale=1.0)``: the rows of ``dout * scale``
   summed per id, and ``embedding_backward(dout, cache)``, the same with scale 1. The
   reference scatters with ``np.add.at(dtable, ids, dout)``, NumPy's unbuffered
@@ -23,6 +22,7 @@ from numba import njit, prange
 
 from .._checks import check_scalar, check_shaped
 from ..functional.embedding import EmbeddingCache, check_embedding_ids
+from ..threads import alone_below
 from ._jit import jit_options
 from ._validate import check_cache, check_consistent, check_kernel_float
 
@@ -89,9 +89,10 @@ def embeddings_forward(ids: np.ndarray, table: np.ndarray, scale: float = 1.0,
                      what="(T, C) of ids and table, in the table's dtype")
     out = np.empty(ids.shape + table.shape[1:], dtype=table.dtype)  # (B, T, C)
     ids = ids.astype(np.int64)  # the kernel's dtype, and a copy the cache owns
-    _lookup_rows(ids.reshape(-1), table, table.dtype.type(scale),
-                 np.ascontiguousarray(positions) if has_positions else table[:1],
-                 has_positions, out.reshape(-1, table.shape[1]))
+    with alone_below(ids.size):
+        _lookup_rows(ids.reshape(-1), table, table.dtype.type(scale),
+                     np.ascontiguousarray(positions) if has_positions else table[:1],
+                     has_positions, out.reshape(-1, table.shape[1]))
     return out, EmbeddingCache(ids, table.shape, table.dtype) if keep else None
 
 

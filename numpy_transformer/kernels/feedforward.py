@@ -34,8 +34,8 @@ kernels' with the ReLU applied between them. Few rows go to the reference.
 The two GELUs are composed with one array fewer kept: the cache holds h, which the
 activation's backward needs, and not a = act(h), the down-projection's input (``down.x`` is
 None). The backward makes a again from h with the same kernel, the very same bits: one
-activation's pass more, and at GPT-2's shape 12 MiB less a layer (144 MiB of its step's
-peak). A reference cache is taken as it is; the reference's backward cannot take this
+activation's pass more, and at GPT-2's shape one (B, T, F) array less a layer at the step's
+peak. A reference cache is taken as it is; the reference's backward cannot take this
 forward's cache (``backend.NEEDS_ITS_PARTNER``).
 """
 

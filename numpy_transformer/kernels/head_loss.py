@@ -8,8 +8,8 @@ against it, float32 and float64):
 * ``dx, dw, db = linear_cross_entropy_backward(dloss, cache)``
 
 The reference makes the whole logits (N, V), their probabilities and then their gradient,
-each 206 MB in float32 at GPT-2's vocabulary and 1,024 positions, and its linear layer keeps
-a copy of the weight for the backward, 154 MB more. Here a vocabulary of at least
+each (1024, 50304) at GPT-2's vocabulary and 1,024 positions, and its linear layer keeps
+a copy of the (768, 50304) weight for the backward. Here a vocabulary of at least
 ``_WIDE_COLUMNS`` words goes through the rows in blocks of ``_BLOCK_ROWS``, and the forward
 makes the gradients as well, while a block's logits are at hand:
 
@@ -19,10 +19,10 @@ makes the gradients as well, while a block's logits are at hand:
     dx[rows] = sum_groups g[:, group] w[:, group]^T   (1) backward, by groups of columns
     dw += x[rows]^T g,  db += sum_rows g              (1) backward, by blocks of columns
 
-The block's (``_BLOCK_ROWS``, V) array is the only one as wide as the vocabulary (51 MB at
-GPT-2's), and the weight is read during the call only, so nothing keeps a copy of it. The
-cache holds the three gradients at dloss = 1; the backward scales them by ``dloss`` in place
-and hands them over, so a second backward of one forward raises ``ValueError`` (run the
+The block's (``_BLOCK_ROWS``, V) array is the only one as wide as the vocabulary, and the
+weight is read during the call only, so nothing keeps a copy of it. The cache holds the
+three gradients at dloss = 1; the backward scales them by ``dloss`` in place and hands them
+over, so a second backward of one forward raises ``ValueError`` (run the
 forward again). The blocks and groups depend on the sizes only, never on the thread count,
 and the blocks of rows add into ``dw`` and ``db`` in order: the same bits on any number of
 threads. A narrower vocabulary makes small logits: the linear and cross-entropy kernels run
@@ -56,7 +56,7 @@ from .special import exp_shifted
 __all__ = ['linear_cross_entropy_forward', 'linear_cross_entropy_backward']
 
 _WIDE_COLUMNS = 4096  # narrower: the linear and cross-entropy kernels, one after the other
-_BLOCK_ROWS = 256  # rows per block: (256, 50304) float32 logits are 51 MB
+_BLOCK_ROWS = 256  # rows per block: a block's logits are (256, V), never (N, V)
 _BLOCK_COLUMNS = 1024  # the columns of one product of the logits and of dw
 # dx = g w^T is the sum of the products of _DX_GROUPS groups of the vocabulary's columns, each
 # into its own (R, C) part, added in order: each product then reads its share of g and of w

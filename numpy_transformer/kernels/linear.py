@@ -61,7 +61,7 @@ from ..functional.linear import (
     merge_heads,
 )
 from ..ownership import kept
-from ..threads import blas_on_calling_thread
+from ..threads import FEW_ROWS, blas_on_calling_thread
 from ._jit import jit_options
 from ._validate import check_cache, check_consistent, check_kernel_float
 from .blas import gemm, gemm_address
@@ -70,7 +70,7 @@ from .blas import gemm, gemm_address
 __all__ = ['linear_forward', 'linear_backward', 'linear_heads_forward',
            'linear_heads_backward']
 
-_MIN_ROWS = 256  # fewer rows: the reference's one BLAS call
+_MIN_ROWS = FEW_ROWS  # fewer rows: the reference's one BLAS call (threads.py)
 # Chunks of about _CHUNK_ROWS rows or more, at least 2 and at most _MAX_CHUNKS (4 per thread on
 # 2 cores). Taller chunks make faster products: on 768 rows of width 128, 2 chunks of 384 were
 # 10-15% faster than 6 of 128 (OpenBLAS single-threaded: 134 GF/s at 128 rows, 150 at 384)
@@ -78,7 +78,7 @@ _CHUNK_ROWS = 384
 _MAX_CHUNKS = 8
 # A layer at least _WIDE_COLUMNS wide (a vocabulary head) makes dW by blocks of _BLOCK_COLUMNS
 # columns instead, each block one product over all rows: the row chunks' partials would hold
-# `chunks` copies of a weight that large (GPT-2's head, (768, 50304): 2 x 154 MB and their sum)
+# `chunks` copies of a weight that large (GPT-2's head, (768, 50304): two of them and their sum)
 _WIDE_COLUMNS = 4096
 _BLOCK_COLUMNS = 1024
 _JIT = jit_options()
@@ -289,9 +289,9 @@ def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int,
 
     Makes one product of x and the weights side by side, ``x [w_1 | .. | w_S]``, and writes
     it chunk by chunk, while the chunk's product is in cache, as S C-contiguous (B, H, T, D)
-    arrays. The copy the attention kernel keeps of them is then one contiguous block each: a
-    gather of them from the strided (B, T, S*H*D) product cost 0.3 ms per array and layer at
-    the char model's shape.
+    arrays. The copy the attention kernel keeps of them is then one contiguous block each,
+    with no gather of them from the strided (B, T, S*H*D) product, a pass more per array and
+    layer.
     """
     check_float("x", x, ndim=3)
     check_heads(ws, bs, heads)

@@ -45,6 +45,7 @@ from numba import njit, prange
 from .._checks import check_scalar, check_shaped
 from ..functional.norms import LayerNormCache, RMSNormCache, check_norm_inputs
 from ..ownership import kept
+from ..threads import alone_below
 from ._jit import jit_options
 from ._validate import check_cache, check_consistent, check_kernel_float
 
@@ -168,8 +169,10 @@ def layer_norm_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float =
     x2 = _rows(x)  # (N, C)
     out, x_hat = np.empty_like(x2), np.empty_like(x2)
     rstd = np.empty(x2.shape[0], dtype=x.dtype)  # (N,)
-    _layer_norm_forward_kernel(x2, w.astype(x.dtype, copy=False), b.astype(x.dtype, copy=False),
-                               float(eps), _ROWS, out, x_hat, rstd)
+    with alone_below(x2.shape[0]):
+        _layer_norm_forward_kernel(x2, w.astype(x.dtype, copy=False),
+                                   b.astype(x.dtype, copy=False), float(eps), _ROWS, out, x_hat,
+                                   rstd)
     if not keep:
         return out.reshape(x.shape), None
     return (out.reshape(x.shape),
@@ -186,8 +189,9 @@ def layer_norm_backward(dout: np.ndarray, cache: LayerNormCache):
     dx = np.empty_like(x_hat2)
     dw_part = np.zeros((_blocks(n), c))  # float64 partial sums, one row per block of rows
     db_part = np.zeros((_blocks(n), c))
-    _layer_norm_backward_kernel(dout2, x_hat2, w.astype(x_hat.dtype, copy=False),
-                                rstd.reshape(-1), dx, dw_part, db_part, _ROWS)
+    with alone_below(n):
+        _layer_norm_backward_kernel(dout2, x_hat2, w.astype(x_hat.dtype, copy=False),
+                                    rstd.reshape(-1), dx, dw_part, db_part, _ROWS)
     dt = x_hat.dtype
     return dx.reshape(x_hat.shape), dw_part.sum(axis=0).astype(dt), db_part.sum(axis=0).astype(dt)
 
@@ -249,8 +253,9 @@ def rms_norm_forward(x: np.ndarray, w: np.ndarray, eps: float | None = None, *,
     x2 = _rows(x)  # (N, C)
     out, x_hat = np.empty_like(x2), np.empty_like(x2)
     rrms = np.empty(x2.shape[0], dtype=x.dtype)  # (N,)
-    _rms_norm_forward_kernel(x2, w.astype(x.dtype, copy=False), float(eps), _ROWS, out, x_hat,
-                             rrms)
+    with alone_below(x2.shape[0]):
+        _rms_norm_forward_kernel(x2, w.astype(x.dtype, copy=False), float(eps), _ROWS, out,
+                                 x_hat, rrms)
     if not keep:
         return out.reshape(x.shape), None
     return (out.reshape(x.shape),
@@ -264,6 +269,7 @@ def rms_norm_backward(dout: np.ndarray, cache: RMSNormCache):
     dout2, x_hat2 = _rows(dout.astype(x_hat.dtype, copy=False)), _rows(x_hat)  # (N, C)
     dx = np.empty_like(x_hat2)
     dw_part = np.zeros((_blocks(dout2.shape[0]), w.shape[0]))
-    _rms_norm_backward_kernel(dout2, x_hat2, w.astype(x_hat.dtype, copy=False),
-                              rrms.reshape(-1), dx, dw_part, _ROWS)
+    with alone_below(dout2.shape[0]):
+        _rms_norm_backward_kernel(dout2, x_hat2, w.astype(x_hat.dtype, copy=False),
+                                  rrms.reshape(-1), dx, dw_part, _ROWS)
     return dx.reshape(x_hat.shape), dw_part.sum(axis=0).astype(x_hat.dtype)

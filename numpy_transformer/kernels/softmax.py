@@ -50,7 +50,7 @@ def _cross_entropy_forward_kernel(logits, targets, weight, probs, row_loss):
             m = logits[i, j] if logits[i, j] > m else m  # a select, which vectorises
         row = probs[i]
         for j in range(v):  # a loop, not row[:] = logits[i]: an array-to-array assignment
-            row[j] = logits[i, j]  # compiles Numba's shape-error message (0.5 s cold)
+            row[j] = logits[i, j]  # compiles Numba's shape-error message, slowly
         # math.exp would call libm once per entry (no SIMD without Intel's SVML)
         exp_shifted(row, v, m)  # e = exp(x - m)
         z = 0.0  # (1) z = sum_j e_j, in float64

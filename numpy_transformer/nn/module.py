@@ -73,8 +73,8 @@ def drawn(shape: tuple, dtype, draw: Callable[[tuple], np.ndarray]) -> np.ndarra
     """``draw(shape).astype(dtype)``, the same numbers, drawn a block of rows at a time.
 
     A generator's stream cut in pieces gives the numbers of one draw, so the values do not
-    change; only no float64 array of the whole shape is made (at GPT-2's size a 309 MB one for
-    the token table, whose freed memory would stay in the heap between the weights).
+    change; only no float64 array of the whole shape is made (at GPT-2's size a (50304, 768)
+    one for the token table, whose freed memory would stay in the heap between the weights).
     """
     out = np.empty(shape, dtype=dtype)
     rows = max(1, _DRAWN_BLOCK // max(1, int(np.prod(shape[1:], dtype=np.int64))))

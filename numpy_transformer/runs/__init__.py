@@ -9,13 +9,16 @@ module imports only those above it in this list, never one below:
     :class:`~.outputs.UsageError` (standard library only: the command line reads it before
     NumPy is loaded)
 ``options``
-    the option table of ``train`` (:data:`~.options.OPTIONS`: the parser, each run's
-    defaults, the checks, what an older format lacks) and the tasks (the standard library and
-    the config only, for the same reason)
+    a run's options (:class:`~.options.RunOptions`), the option table of ``train``
+    (:data:`~.options.OPTIONS`: the parser, each run's defaults, the checks, what an older
+    format lacks) and the tasks (the standard library and the config only, for the same
+    reason)
 ``folder``
     the run folder: choosing it, refusing to overwrite it, its checkpoint and its log
+``training_data``
+    what a run trains on: the LM's text and its window schedule, or a task's sequences
 ``state``
-    :class:`~.state.Run`, a run in memory, built from options
+    :class:`~.state.Run`, a run in memory, built from options by small functions
 ``stored``
     a run read back from disk: :func:`~.stored.read_run`, the one way a run folder or
     checkpoint (of any format version read) is read back, the run or its model rebuilt from

@@ -27,7 +27,7 @@ from ..data import (
 from ..memory import check_inference_fits, eval_batch
 from .outputs import UsageError
 from .sources import read_source
-from .state import training_text
+from .training_data import TRAIN_SHARE, training_text
 
 
 class Evaluation(NamedTuple):
@@ -87,10 +87,11 @@ def evaluate_run(target: str | Path, text_file: str | Path | None = None) -> Eva
         if not source.is_run:
             raise UsageError(f"eval {target}: a model from elsewhere has no held-out text of "
                              f"its own; give one with --text FILE")
-        what = source.options["text"] or "the embedded corpus"
-        described = f"the held-out 10% of {what}"
+        what = source.options.text or "the embedded corpus"
+        described = f"the held-out {1 - TRAIN_SHARE:.0%} of {what}"
         try:
-            ids = train_val_split(tokenizer.encode(training_text(source.options)), 0.9)[1]
+            ids = train_val_split(tokenizer.encode(training_text(source.options)),
+                                  TRAIN_SHARE)[1]
         except ValueError as e:  # the run's text is gone, or holds new characters
             reason = str(e) if what in str(e) else f"{what}: {e}"
             raise UsageError(f"eval {target}: its training text cannot be read back "

@@ -5,6 +5,10 @@ The files a run folder holds, and what each contains, are listed once, in
 :data:`numpy_transformer.runs.outputs.RUN_FILES`. Every path into a run folder is made here, and
 so is what guards the folder as a whole:
 
+* a new run goes into a folder that holds nothing else; one that holds a run is refused with
+  one line saying which run and the way out (:func:`new_run_folder`), except that a
+  ``train`` without ``--out`` whose own folder (``runs/char-lm``) holds that same run,
+  finished, says so and has nothing to do (exit 0): each default run has one folder;
 * a process that trains in a folder holds it (:class:`FolderLock`): a second ``train`` or
   ``--resume`` of the same folder is refused with one line naming the first one's pid;
 * once a folder is held, the temporary files of atomic writes that a kill left behind
@@ -18,7 +22,6 @@ import errno
 import json
 import os
 import stat
-import time
 from pathlib import Path
 
 from ..checkpoint import (
@@ -37,8 +40,10 @@ from .outputs import (
     EVENT_FILES,
     EVENTS_FOLDER,
     LOG,
+    REPORT_FILES,
     RUN_FILES,
     UsageError,
+    files_of,
     say,
 )
 
@@ -62,20 +67,29 @@ def log_path(run_dir: Path) -> Path:
     return run_dir / LOG
 
 
+def has_report(run_dir: Path, task: str, model: str) -> bool:
+    """Whether ``run_dir`` holds every file of the report of a run of ``task`` and ``model``
+    (what a run writes after its last step)."""
+    return all((run_dir / name).exists() for name in files_of(task, model, REPORT_FILES))
+
+
 # --------------------------------------------------------------------------------------------
 # A new run's folder
 # --------------------------------------------------------------------------------------------
 
-def new_run_folder(out: str | None, description: dict, force: bool) -> FolderLock:
+def new_run_folder(out: str | None, description: dict, force: bool) -> FolderLock | None:
     """Choose, create and hold the folder of a new run; write its ``config.json``
     (``description``: :meth:`~.state.Run.description`) and an empty log. Returns the held
-    folder (release it when the run ends: ``with``).
+    folder (release it when the run ends: ``with``), or None when there is nothing to do.
 
     * No ``--out``: ``runs/char-lm`` (``runs/char-lstm`` for the LSTM, ``runs/<task>`` for
-      the tasks); if that folder is already in use, a fresh ``runs/char-lm-YYYYmmdd-HHMMSS``
-      beside it (said on stdout).
-    * ``--out DIR`` that is not empty: refused (exit 2), the message says whether it holds a
-      different run or this same one (then: resume it, or pass ``--force``).
+      the tasks), the one folder of each.
+    * A folder that is not empty is refused (exit 2) with one line saying what it holds and
+      what to do: no run, or a different one (``--out`` another folder, or ``--force``); this
+      same run, stopped (``--resume`` it, or ``--force``); this same run, finished
+      (``--force`` trains it again).
+    * But the default folder holding this same run, finished and reported, is what the
+      command was asked to make: said in one line, and None (exit 0, nothing written).
     * ``--force``: the files a run writes are removed first (:func:`written_by_runs`); other
       files are left alone.
 
@@ -86,23 +100,21 @@ def new_run_folder(out: str | None, description: dict, force: bool) -> FolderLoc
     OSError
         When it cannot be written (read-only, permission denied).
     """
-    default = default_run_folder(description["options"]["task"],
-                                 description["options"]["model"])
-    path = Path(out) if out is not None else default
+    options = description["options"]
+    path = Path(out) if out is not None else default_run_folder(options["task"],
+                                                                  options["model"])
     check_folder_path(path, "run folder")
-    if out is None and _occupied(path):
-        stamp = f"{default.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        path, n = default.with_name(stamp), 1
-        while path.exists():  # two runs in one second
-            n += 1
-            path = default.with_name(f"{stamp}-{n}")
-        say(f"{default} is in use; this run goes to {path}")
     path.mkdir(parents=True, exist_ok=True)
     lock = FolderLock(path)
     try:
         if _occupied(path):
             if not force:
-                _refuse_occupied(path, description)
+                done, message = _what_it_holds(path, description, asked=out is not None)
+                if not done:
+                    raise UsageError(message)
+                say(message)  # the folder the command chose holds this run, finished
+                lock.release()
+                return None
             check_run_files(path)
             for file in written_by_runs(path):
                 file.unlink()
@@ -165,30 +177,42 @@ def _occupied(path: Path) -> bool:
     return path.is_dir() and any(p.name != LOCK for p in path.iterdir())
 
 
-def _refuse_occupied(path: Path, description: dict) -> None:
-    """Raise the ``UsageError`` that says what the non-empty folder ``path`` holds."""
+def _what_it_holds(path: Path, description: dict, asked: bool) -> tuple[bool, str]:
+    """What the non-empty folder ``path`` holds, for a new run of ``description`` in it:
+    ``(done, message)``. ``done``: it holds this run, finished and reported, and the user did
+    not ask for the folder (``--out``) but left it to the command, which has nothing to do.
+    ``message``: one line saying what it holds and what to do."""
     held = _read_json(path / CONFIG)
-    if held is None:
-        raise UsageError(f"run folder {path} is not empty and holds no run; choose "
-                         f"another --out or pass --force")
-    if all(isinstance(held.get(k), dict) for k in ("config", "options")):
-        held = _in_todays_format(held, path / CONFIG)
-    diff = _differences(held, description)
+    if held is None or not all(isinstance(held.get(k), dict) for k in ("config", "options")):
+        return False, (f"run folder {path} is not empty and holds no run; choose another "
+                       f"--out or pass --force")
+    held = _in_todays_format(held, path / CONFIG)
+    diff, options = _differences(held, description), description["options"]
     if diff:
-        raise UsageError(f"run folder {path} holds a different run (differs in "
-                         f"{', '.join(diff)}); choose another --out or pass --force")
+        held_steps, steps = held["options"].get("steps"), options["steps"]
+        longer = diff == ["steps"] and options["schedule"] != "cosine" and isinstance(
+            held_steps, int) and steps > held_steps  # the held run extends to this one
+        extend = (f", or extend it: 'numpy-transformer train --resume {path} --steps {steps}'"
+                  if longer else "")
+        return False, (f"run folder {path} holds a different run (differs in "
+                       f"{', '.join(diff)}); choose another --out or pass --force{extend}")
     try:
         held_ckpt = load_checkpoint(path / CHECKPOINT)
         finished, step = held_ckpt.meta.get("finished"), held_ckpt.step
     except CheckpointError:
         finished, step = False, None
-    if finished:
-        raise UsageError(f"run folder {path} already holds this run, finished; pass "
-                         f"--force to train it again or choose another --out")
-    where = "before its first checkpoint" if step is None else f"at step {step}"
-    raise UsageError(f"run folder {path} already holds this run, stopped {where}; continue "
-                     f"it with 'numpy-transformer train --resume {path}' or pass --force to "
-                     f"start over")
+    if finished and has_report(path, options["task"], options["model"]):
+        if not asked:
+            sample = f", or 'numpy-transformer sample {path}'" if options["task"] == "lm" else ""
+            return True, (f"{path} already holds this run, finished: nothing to do (see its "
+                          f"files{sample}; --force trains it again)")
+        return False, (f"run folder {path} already holds this run, finished; pass --force to "
+                       f"train it again or choose another --out")
+    where = ("before its first checkpoint" if step is None else
+             "before writing its report" if finished else f"at step {step}")
+    return False, (f"run folder {path} already holds this run, stopped {where}; continue it "
+                   f"with 'numpy-transformer train --resume {path}' or pass --force to start "
+                   f"over")
 
 
 def _read_json(path: Path) -> dict | None:

@@ -24,7 +24,7 @@ import dataclasses
 
 from ..bpe import BPETokenizer
 from ..nn import LSTMLM
-from .options import BY_KEY, MODEL_KEYS, flag, resolve_options, shown
+from .options import BY_KEY, MODEL_KEYS, RunOptions, flag, resolve_options, shown
 from .outputs import UsageError
 from .sources import Source, read_source
 from .state import Run
@@ -33,7 +33,8 @@ from .state import Run
 FREE_FIELDS = ("dtype", "backend", "dropout", "attn_dropout")
 
 
-def new_run(source: Source, config_fields: dict, options: dict, training: bool = True) -> Run:
+def new_run(source: Source, config_fields: dict[str, object], options: RunOptions,
+            training: bool = True) -> Run:
     """The run of ``options`` with the source's tokenizer and, at step 0, its weights (the
     first ``max_len`` rows of a learned position table, for a shorter context); not
     ``training``: sized as ``import`` needs it (:class:`~.state.Run`)."""
@@ -47,11 +48,12 @@ def new_run(source: Source, config_fields: dict, options: dict, training: bool =
     return run
 
 
-def resolve_init_from(given: dict) -> tuple[dict, dict, Source]:
+def resolve_init_from(given: dict[str, object]
+                      ) -> tuple[dict[str, object], RunOptions, Source]:
     """The options of a run that starts from ``given["init_from"]``: ``given`` (the options of
     the command line, ``None`` = not given) with the model's options taken from the source.
 
-    Returns ``(config_fields, train_options, source)``, as
+    Returns ``(config_fields, options, source)``, as
     :func:`~.options.resolve_options` and the source for :func:`new_run`.
 
     Raises
@@ -67,8 +69,9 @@ def resolve_init_from(given: dict) -> tuple[dict, dict, Source]:
     return (*source_options(source, given, "--init-from"), source)
 
 
-def source_options(source: Source, given: dict, what: str) -> tuple[dict, dict]:
-    """``(config_fields, train_options)`` of a run that starts from ``source``: ``given``
+def source_options(source: Source, given: dict[str, object], what: str
+                   ) -> tuple[dict[str, object], RunOptions]:
+    """``(config_fields, options)`` of a run that starts from ``source``: ``given``
     (``None`` = not given) with the model's options taken from it; a ``--context`` of its
     own where the positions allow one (learned positions: at most the source's rows).
 

@@ -14,6 +14,7 @@ The exit codes these functions return are those of :data:`.outputs.EXIT_CODES`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import sys
@@ -29,11 +30,13 @@ from .folder import (
     checkpoint_path,
     cut_log,
     existing_run_folder,
+    has_report,
     log_path,
     new_run_folder,
     write_description,
 )
 from .init_from import new_run
+from .options import RunOptions
 from .outputs import (
     BEST,
     BEST_BEFORE_FINAL,
@@ -47,25 +50,29 @@ from .outputs import (
     describe_os_error,
     say,
 )
-from .report import BestCheckpoint, has_report, write_report
+from .report import BestCheckpoint, write_report
 from .sources import Source
 from .state import Run
 from .stored import read_run, rebuild_run
 from .tensorboard import EventLog, check_available, event_log
 
 
-def start_run(config_fields: dict, options: dict, out: str | None, force: bool,
-              progress: bool = True, source: Source | None = None) -> int:
+def start_run(config_fields: dict[str, object], options: RunOptions, out: str | None,
+              force: bool, progress: bool = True, source: Source | None = None) -> int:
     """Build a new run (from ``source``'s weights and tokenizer, for ``--init-from``),
-    prepare its folder and train it; returns the exit code."""
+    prepare its folder and train it; returns the exit code (0 also when the default folder
+    holds this run finished already: :func:`~.folder.new_run_folder`)."""
     try:
         run = Run(config_fields, options) if source is None else new_run(source, config_fields,
                                                                           options)
     except ValueError as e:  # load_text and friends name the problem
         raise UsageError(str(e)) from None
-    if options["tensorboard"]:
+    if options.tensorboard:
         check_available()  # before the folder: a missing package is bad input
-    with new_run_folder(out, run.description(), force) as held:
+    held = new_run_folder(out, run.description(), force)
+    if held is None:  # nothing to do: said
+        return EXIT_OK
+    with held:
         run_dir = held.folder
         say(f"run folder {run_dir}")
         say(run.summary())
@@ -75,7 +82,7 @@ def start_run(config_fields: dict, options: dict, out: str | None, force: bool,
                 f" (step {start['step']})") + f", weights sha256 {start['weights_sha256'][:16]}")
         if run.tokenizer is not None:
             say(run.data_line())
-        if options["tokenizer"] == "bpe":
+        if options.tokenizer == "bpe":
             atomic_write_text(run_dir / TOKENIZER, run.tokenizer.to_dict()["bpe"])
         run.save(checkpoint_path(run_dir))  # step 0: a run folder always holds a checkpoint
         return train(run, run_dir, progress)
@@ -104,19 +111,19 @@ def resume_run(run_dir: str | Path, progress: bool = True, steps: int | None = N
         run_dir = held.folder
         stored = read_run(run_dir)
         run = rebuild_run(stored)
-        if run.options["tensorboard"]:
+        if run.options.tensorboard:
             check_available()
         ckpt = stored.checkpoint
-        if steps is not None and steps != run.options["steps"]:
+        if steps is not None and steps != run.options.steps:
             extend(run, run_dir, ckpt, steps)
-        steps = run.options["steps"]
+        steps = run.options.steps
         if ckpt is None:
             say(f"{run_dir} has no checkpoint yet (stopped before its first save); starting "
                 f"its run from step 0")
             run.save(checkpoint_path(run_dir))
         finished = ckpt is not None and ckpt.meta.get("finished") and (
             ckpt.step >= steps or "early_stopped" in ckpt.meta)
-        if finished and has_report(run, run_dir):
+        if finished and has_report(run_dir, run.task, run.options.model):
             ended = (f"stopped early at step {ckpt.step} of {steps}" if ckpt.step < steps
                      else f"finished its {steps} steps")
             say(f"{run_dir} already {ended}; nothing to resume")
@@ -153,14 +160,14 @@ def extend(run: Run, run_dir: Path, ckpt: Checkpoint | None, steps: int) -> None
         If the run cannot be made that long exactly (:meth:`~.state.Run.extend`).
     """
     early = ckpt is not None and ckpt.meta.get("early_stopped")
-    say(f"extending {run_dir} from {run.options['steps']} to {steps} steps" + (
+    say(f"extending {run_dir} from {run.options.steps} to {steps} steps" + (
         f": it stopped early at step {early}, where the run of {steps} steps stops too"
         if early else ""))
     run.extend(steps)
     stamp = {"data_fingerprint": run.data_fingerprint}
     for name in (CHECKPOINT, BEST, BEST_BEFORE_FINAL):
         if (run_dir / name).exists():
-            restamp_checkpoint(run_dir / name, run.options, stamp)
+            restamp_checkpoint(run_dir / name, dataclasses.asdict(run.options), stamp)
     write_description(run_dir, run.description())
 
 
@@ -193,18 +200,18 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
     write (exit 74) stops the run with one line, and the last checkpoint written stays whole.
     """
     o = run.options
-    steps, trainer = o["steps"], run.trainer
+    steps, trainer = o.steps, run.trainer
     ckpt_path = checkpoint_path(run_dir)
     saved_at = trainer.step_count
     # NumPy's overflow warnings are noise here: the Trainer checks every step for non-finite
     # values itself and stops with a NonFiniteError that names the step and the tensor.
     with _StopRequest() as stop, np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        bar = ProgressBar(steps, clip=o["clip"] or None) if progress else None
+        bar = ProgressBar(steps, clip=o.clip or None) if progress else None
         try:
-            best = BestCheckpoint(run_dir, o["early_stop"], o["eval_every"])
+            best = BestCheckpoint(run_dir, o.early_stop, o.eval_every)
             best.reopen()
             with open(log_path(run_dir), "a", encoding="utf-8") as file, \
-                    event_log(run_dir, o["tensorboard"], trainer.step_count) as events:
+                    event_log(run_dir, o.tensorboard, trainer.step_count) as events:
                 log = _Log(file, events)
                 if _evaluates(o, trainer.step_count) and trainer.step_count not in best.evaluated:
                     _evaluate(run, best, log)  # a run extended past its old last step
@@ -215,7 +222,7 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
                         bar.update(r)
                     if _evaluates(o, r.step):
                         _evaluate(run, best, log)
-                    if o["save_every"] and r.step % o["save_every"] == 0 and r.step < steps:
+                    if o.save_every and r.step % o.save_every == 0 and r.step < steps:
                         run.save(ckpt_path)
                         saved_at = r.step
             if best.stop:
@@ -245,11 +252,11 @@ def train(run: Run, run_dir: Path, progress: bool = True) -> int:
     return write_report(run, run_dir)
 
 
-def _evaluates(options: dict, step: int) -> bool:
+def _evaluates(options: RunOptions, step: int) -> bool:
     """Whether the run makes a held-out evaluation after ``step`` in the loop: every
     ``--eval-every`` steps before the last (the report's final evaluation follows it)."""
-    every = options["eval_every"]
-    return bool(every) and step % every == 0 and 0 < step < options["steps"]
+    every = options.eval_every
+    return bool(every) and step % every == 0 and 0 < step < options.steps
 
 
 def _evaluate(run: Run, best: BestCheckpoint, log: _Log) -> None:

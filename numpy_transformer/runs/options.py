@@ -1,11 +1,15 @@
-"""What a run is asked to do: the option table of ``numpy-transformer train`` and the tasks.
+"""What a run is asked to do: its options, the option table of ``numpy-transformer train``
+and the tasks.
 
-:data:`OPTIONS` has one row per option of ``train``, and everything else about the options is
-made from it: the command line's parser and help (``cli.py``), each run's defaults
-(:func:`resolve_options`: a config field's default is its dataclass's, unless the row overrides
-it for every run, a task or a model), the checks of options read back from disk
-(:func:`check_stored_options`), and what a run written by an older format version lacks
-(:func:`fill_missing`). A new option is one row here and the code that uses it.
+A run carries its training options as :class:`RunOptions`, a frozen dataclass, and its
+model's as the fields of the model's config. :data:`OPTIONS` has one row per option of
+``train``, and everything else about the options is made from it: the command line's parser
+and help (``cli.py``), each run's defaults (:func:`resolve_options`: the chapter's, the
+presets ``TransformerConfig.chapter()`` and ``LSTMConfig.chapter()`` and the defaults of
+:class:`RunOptions`, unless the row overrides them for the synthetic tasks), the checks of
+options read back from disk (:func:`stored_options`), and what a run written by an older
+format version lacks (:func:`fill_missing`). A new option is a row here, a field of
+:class:`RunOptions` or of the config, and the code that uses it.
 
 This module imports nothing but the standard library, the config, the file reader
 (``files.py``) and :mod:`.outputs`, so the command line can build its help and refuse a bad
@@ -18,6 +22,7 @@ import dataclasses
 import math
 import os
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -102,29 +107,69 @@ def parse_number(rule: Rule, text: str) -> float:
 
 
 # --------------------------------------------------------------------------------------------
+# The training options of a run
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The training options of a run, its task and model among them: what ``config.json`` and
+    its checkpoints record under ``"options"`` (``dataclasses.asdict`` writes them,
+    :func:`stored_options` reads them back). The model's own options are the fields of its
+    config, ``TransformerConfig`` or ``LSTMConfig``.
+
+    The defaults are the recipe of the chapter's language model; :func:`resolve_options`
+    gives every run its own (the synthetic tasks': the ``overrides`` of the rows of
+    :data:`OPTIONS`), and the command line's defaults are made from both.
+    """
+
+    task: str = DEFAULT_TASK  # one of TASKS
+    text: str | None = None  # the LM's UTF-8 text, an absolute path; None: the embedded corpus
+    init_from: str | None = None  # the model it started from, an absolute path; None: random
+    #   weights from the seed
+    tokenizer: str = TOKENIZERS[0]  # characters, as the chapter; or a BPE learned on the text
+    vocab_size: int | None = None  # the BPE's vocabulary; None for characters
+    model: str = DEFAULT_MODEL  # the LM: "transformer" (DecoderLM) or "lstm" (LSTMLM)
+    optimizer: str = "adam"  # the chapter's; "adamw" decays the weights apart from Adam
+    lr: float = 2e-3  # the chapter's peak learning rate
+    weight_decay: float = 0.0  # none, as the chapter
+    warmup: int = 0  # none: pre-LN blocks train without (Xiong et al.)
+    schedule: str = "constant"  # the chapter's; "cosine" decays to zero over the steps
+    clip: float = 1.0  # the chapter's global gradient-norm clip; 0 = off
+    batch: int = 64  # the chapter's windows per step
+    steps: int = 1500  # the chapter made 2,501 updates; these keep the default run to minutes
+    #   on two cores (benchmarks/README.md times a step)
+    seed: int = 0  # fixes the weights, the data order and every dropout mask
+    eval_every: int = 250  # held-out loss every N steps; 0 = only at the end
+    early_stop: int = 0  # stop after K evaluations without a new best; 0 = never
+    stats_every: int = 0  # each tensor's gradient norm and update ratio every N steps; 0 = never
+    save_every: int = 100  # a checkpoint every N steps; 0 = only at the end
+    tensorboard: bool = False  # also write the log as TensorBoard events
+
+
+# --------------------------------------------------------------------------------------------
 # The option table
 # --------------------------------------------------------------------------------------------
 
-MISSING = dataclasses.MISSING
-
-
-class Option(NamedTuple):
-    """One option of ``numpy-transformer train``: a row of :data:`OPTIONS`."""
+@dataclass(frozen=True)
+class Option:
+    """One option of ``numpy-transformer train``: a row of :data:`OPTIONS`. Its default is a
+    field's: of :class:`RunOptions` (a training option), or of the model's chapter preset
+    (``TransformerConfig.chapter()``, ``LSTMConfig.chapter()``: a config field), unless
+    ``overrides`` gives a synthetic task another one."""
 
     key: str  # its name in config.json (and the argparse dest)
     group: str  # the section of --help it is listed in
-    help: str  # what it does; --help adds its defaults ([84; the tasks: 64])
-    store: str | None = "options"  # where a run records it: "config", a field of the model
-    #   configs that have it (MODEL_CONFIGS); "options", a training option; None: not at all
+    _: KW_ONLY
+    help: str = ""  # what it does; --help adds its defaults ([84; the tasks: 64])
+    store: str | None = "options"  # where a run records it: "options", a field of RunOptions;
+    #   "config", a field of the model configs that have it (MODEL_CONFIGS); None: not at all
     #   (how this command runs)
     rule: Rule | None = None  # a number: its type and range
     choices: tuple[str, ...] | None = None  # a name: the registry it is one of
     switch: str | None = None  # a boolean: "both" (--x / --no-x), "off" (the flag sets False),
     #   "on" (the flag sets True)
-    default: object = MISSING  # the default of every run (of a config field: instead of its
-    #   dataclass's, which applies when there is none)
-    overrides: dict | None = None  # the default of some runs, by the task ("reverse"), the
-    #   model ("transformer") or "task" (every synthetic task), looked up in that order
+    overrides: dict | None = None  # the default of some runs: by the task ("reverse"), or
+    #   "task" (every synthetic task), looked up in that order
     since: tuple[int, object] | None = None  # (N, X): recorded from format version N on; a
     #   run of an older version that lacks it did what X does (fill_missing). A new option
     #   takes the next version, and checkpoint.FORMAT_VERSION becomes it
@@ -138,115 +183,108 @@ DATA, MODEL, TRANSFORMER, LSTM = ("data", "model", f"Transformer (--model {DEFAU
 TRAINING, FOLDER = "optimisation", "run folder"
 
 OPTIONS = (
-    Option("task", DATA, "lm: next-character model (DecoderLM, or LSTMLM with --model lstm); "
-           f"sort (EncoderClassifier), copy (DecoderLM, digit {COPY_SHIFT} back), reverse "
-           "(EncoderDecoder)", choices=TASKS, default=DEFAULT_TASK),
-    Option("text", DATA, "UTF-8 text to train the LM on", metavar="FILE", default=None,
+    Option("task", DATA, help="lm: next-character model (DecoderLM, or LSTMLM with --model "
+           f"lstm); sort (EncoderClassifier), copy (DecoderLM, digit {COPY_SHIFT} back), reverse "
+           "(EncoderDecoder)", choices=TASKS),
+    Option("text", DATA, help="UTF-8 text to train the LM on", metavar="FILE",
            shown={None: "the embedded corpus: this library's own source"}),
-    Option("init_from", DATA, "start from the weights, model options and tokenizer of a run "
-           "folder (its checkpoint.npz), a checkpoint .npz or an exported folder (safetensors "
-           "or Hugging Face): a new run from step 0, with fresh optimiser state", metavar="SOURCE",
-           default=None, shown={None: "random weights from --seed"},
+    Option("init_from", DATA, help="start from the weights, model options and tokenizer of a "
+           "run folder (its checkpoint.npz), a checkpoint .npz or an exported folder "
+           "(safetensors or Hugging Face): a new run from step 0, with fresh optimiser state",
+           metavar="SOURCE", shown={None: "random weights from --seed"},
            since=(5, None)),  # runs written before it started from their seed
-    Option("tokenizer", DATA, "char: a token per character; bpe: a byte-level BPE learned on "
-           "the text (needs the tokenizers package of the hf extra)", choices=TOKENIZERS,
-           default=TOKENIZERS[0], since=(5, TOKENIZERS[0])),  # before it: characters
-    Option("vocab_size", DATA, "the BPE's vocabulary size, --tokenizer bpe only",
-           rule=BPE_VOCAB, default=None, metavar="N", shown={None: "none"}, since=(5, None)),
-    Option("model", MODEL, "the language model: a Transformer (DecoderLM) or an LSTM "
-           "(LSTMLM); --task lm only", choices=MODELS, default=DEFAULT_MODEL,
+    Option("tokenizer", DATA, help="char: a token per character; bpe: a byte-level BPE "
+           "learned on the text (needs the tokenizers package of the hf extra)",
+           choices=TOKENIZERS, since=(5, TOKENIZERS[0])),  # before it: characters
+    Option("vocab_size", DATA, help="the BPE's vocabulary size, --tokenizer bpe only",
+           rule=BPE_VOCAB, metavar="N", shown={None: "none"}, since=(5, None)),
+    Option("model", MODEL, help="the language model: a Transformer (DecoderLM) or an LSTM "
+           "(LSTMLM); --task lm only", choices=MODELS,
            since=(2, DEFAULT_MODEL)),  # runs written before --model trained a Transformer
-    Option("layers", MODEL, "Transformer blocks, or stacked LSTM layers", "config",
-           POSITIVE_INT, overrides={"transformer": 2}),
-    Option("max_len", MODEL, "window length T = max_len, the size of a Transformer's position "
-           "table", "config", POSITIVE_INT, default=100, overrides={"task": 10, "reverse": 8},
-           flag="--context", metavar="T"),  # the reverse task: its source length
-    Option("dtype", MODEL, "", "config", choices=DTYPES, default="float32"),
-    Option("backend", MODEL, "numpy: the readable NumPy references; numba: the fused kernels "
-           "(attention, norms, activations, loss, LSTM recurrence)", "config",
+    Option("layers", MODEL, help="Transformer blocks, or stacked LSTM layers", store="config",
+           rule=POSITIVE_INT),
+    Option("max_len", MODEL, help="window length T = max_len, the size of a Transformer's "
+           "position table", store="config", rule=POSITIVE_INT,
+           overrides={"task": 10, "reverse": 8},  # the reverse task: its source length
+           flag="--context", metavar="T"),
+    Option("dtype", MODEL, store="config", choices=DTYPES),
+    Option("backend", MODEL, help="numpy: the readable NumPy references; numba: the fused "
+           "kernels (attention, norms, activations, loss, LSTM recurrence)", store="config",
            choices=BACKENDS),
-    # The chapter's character model, and a smaller one for the synthetic tasks' short digit
-    # sequences (a minute's training).
-    Option("width", TRANSFORMER, "residual width C", "config", POSITIVE_INT, default=84,
+    Option("width", TRANSFORMER, help="residual width C", store="config", rule=POSITIVE_INT,
            overrides={"task": 64}),
-    Option("heads", TRANSFORMER, "attention heads, must divide width", "config", POSITIVE_INT,
-           default=4),
-    Option("kv_heads", TRANSFORMER, "heads of the keys and values, must divide --heads; fewer "
-           "is grouped-query attention, as LLaMA 3", "config", POSITIVE_INT,
+    Option("heads", TRANSFORMER, help="attention heads, must divide width", store="config",
+           rule=POSITIVE_INT),
+    Option("kv_heads", TRANSFORMER, help="heads of the keys and values, must divide --heads; "
+           "fewer is grouped-query attention, as LLaMA 3", store="config", rule=POSITIVE_INT,
            metavar="K", shown={None: "as many as --heads"},
            since=(4, None)),  # runs written before it had one kv head per query head
-    Option("ffn_width", TRANSFORMER, "feed-forward hidden width", "config", POSITIVE_INT,
-           default=168, overrides={"task": 128}),
-    Option("norm", TRANSFORMER, "", "config", choices=NORMS),
-    Option("norm_eps", TRANSFORMER, "the norms' epsilon", "config", POSITIVE, default=None,
+    Option("ffn_width", TRANSFORMER, help="feed-forward hidden width", store="config",
+           rule=POSITIVE_INT, overrides={"task": 128}),
+    Option("norm", TRANSFORMER, store="config", choices=NORMS),
+    Option("norm_eps", TRANSFORMER, help="the norms' epsilon", store="config", rule=POSITIVE,
            metavar="EPS", since=(4, None),  # runs written before it had the norms' defaults
            shown={None: "LayerNorm 1e-5, RMSNorm the dtype's machine epsilon"}),
-    Option("activation", TRANSFORMER, "", "config", choices=ACTIVATIONS, default="relu"),
-    Option("positions", TRANSFORMER, "", "config", choices=POSITIONS),
-    Option("norm_first", TRANSFORMER, "post-LN blocks as Vaswani et al.", "config",
+    Option("activation", TRANSFORMER, store="config", choices=ACTIVATIONS),
+    Option("positions", TRANSFORMER, store="config", choices=POSITIONS),
+    Option("norm_first", TRANSFORMER, help="post-LN blocks as Vaswani et al.", store="config",
            switch="off", flag="--post-ln", shown={True: "pre-LN", False: "post-LN"}),
-    Option("dropout", TRANSFORMER, "on every sublayer's output and the embeddings", "config",
-           RATE),
-    Option("attn_dropout", TRANSFORMER, "on the attention weights, after the softmax (GPT-2's "
-           "attn_pdrop)", "config", RATE,
+    Option("dropout", TRANSFORMER, help="on every sublayer's output and the embeddings",
+           store="config", rule=RATE),
+    Option("attn_dropout", TRANSFORMER, help="on the attention weights, after the softmax "
+           "(GPT-2's attn_pdrop)", store="config", rule=RATE,
            since=(6, 0.0)),  # runs written before it dropped no attention weights
-    Option("embed_scale", TRANSFORMER, "multiply the token embeddings by sqrt(width), as "
-           "Vaswani et al.", "config", switch="both", default=True, overrides={"task": False}),
-    Option("tie_embeddings", TRANSFORMER, "the output head reuses the token embedding table, "
-           "as GPT-2", "config", switch="both"),
-    Option("bias", TRANSFORMER, "every linear layer adds a bias; --no-bias drops them all, as "
-           "LLaMA", "config", switch="both"),
-    # --model lstm: embedding 85, one layer of 128, context 100: 132,336 parameters at the
-    # chapter's vocabulary of 104, the Transformer's 132,488 less 0.11% (the chapter's own
-    # LSTM had 133,224). The LSTMConfig of experiments/charlm.py, trained with the LM's recipe.
-    Option("hidden", LSTM, "width H of the hidden and cell states", "config", POSITIVE_INT,
-           default=128),
-    Option("embed", LSTM, "width E of the token embedding; the default lands near the "
-           "Transformer's size", "config", POSITIVE_INT, default=85),
-    # The chapter's training recipe. 1,500 steps of 0.1-0.15 s (float32, two cores, an
-    # otherwise idle machine) plus evaluation, plots and a sample: about four to five minutes.
-    # Measured under load: a step is ~0.45 s with one BLAS thread on a third of a core, i.e.
-    # ~0.15 s on a whole one. Lower it here if your machine is slower.
-    Option("optimizer", TRAINING, "", choices=OPTIMIZERS, default="adam"),
-    Option("lr", TRAINING, "peak learning rate", rule=POSITIVE, default=2e-3,
-           overrides={"task": 1e-3}),
-    Option("weight_decay", TRAINING, "", rule=NONNEG, default=0.0),
-    Option("warmup", TRAINING, "linear warmup steps", rule=NONNEG_INT, default=0),
-    Option("schedule", TRAINING, "", choices=SCHEDULES, default="constant"),
-    Option("clip", TRAINING, "global gradient-norm clip, 0 = off", rule=NONNEG, default=1.0),
-    Option("batch", TRAINING, "windows per step", rule=POSITIVE_INT, default=64),
-    Option("steps", TRAINING, "updates; the environment variable NUMPY_TRANSFORMER_STEPS, "
+    Option("embed_scale", TRANSFORMER, help="multiply the token embeddings by sqrt(width), as "
+           "Vaswani et al.", store="config", switch="both", overrides={"task": False}),
+    Option("tie_embeddings", TRANSFORMER, help="the output head reuses the token embedding "
+           "table, as GPT-2", store="config", switch="both"),
+    Option("bias", TRANSFORMER, help="every linear layer adds a bias; --no-bias drops them "
+           "all, as LLaMA", store="config", switch="both"),
+    Option("hidden", LSTM, help="width H of the hidden and cell states", store="config",
+           rule=POSITIVE_INT),
+    Option("embed", LSTM, help="width E of the token embedding; the default lands near the "
+           "Transformer's size", store="config", rule=POSITIVE_INT),
+    Option("optimizer", TRAINING, choices=OPTIMIZERS),
+    Option("lr", TRAINING, help="peak learning rate", rule=POSITIVE, overrides={"task": 1e-3}),
+    Option("weight_decay", TRAINING, rule=NONNEG),
+    Option("warmup", TRAINING, help="linear warmup steps", rule=NONNEG_INT),
+    Option("schedule", TRAINING, choices=SCHEDULES),
+    Option("clip", TRAINING, help="global gradient-norm clip, 0 = off", rule=NONNEG),
+    Option("batch", TRAINING, help="windows per step", rule=POSITIVE_INT),
+    Option("steps", TRAINING, help="updates; the environment variable NUMPY_TRANSFORMER_STEPS, "
            "where set, replaces the default (a quick walk through the commands)",
-           rule=POSITIVE_INT, default=1500,
-           overrides={"task": 600}),
-    Option("seed", TRAINING, "fixes the weights, the data order and every dropout mask",
-           rule=NONNEG_INT, default=0),
-    Option("eval_every", TRAINING, "held-out loss every N steps, 0 = only at the end",
-           rule=NONNEG_INT, default=250, overrides={"task": 200}),
-    Option("early_stop", TRAINING, "stop once K held-out evaluations in a row found no new "
-           "best (best.npz keeps the best), 0 = never", rule=NONNEG_INT, default=0,
-           metavar="K", since=(3, 0)),  # runs written before it never stopped early
-    Option("stats_every", TRAINING, "every N steps, each tensor's gradient norm and update-"
-           "to-weight ratio into log.jsonl and stats.png, 0 = never", rule=NONNEG_INT,
-           default=0, since=(5, 0)),  # runs written before it kept none
-    Option("save_every", TRAINING, "checkpoint every N steps, 0 = only at the end",
-           rule=NONNEG_INT, default=100),
-    Option("tensorboard", TRAINING, "also write log.jsonl's numbers as TensorBoard events "
+           rule=POSITIVE_INT, overrides={"task": 600}),
+    Option("seed", TRAINING, help="fixes the weights, the data order and every dropout mask",
+           rule=NONNEG_INT),
+    Option("eval_every", TRAINING, help="held-out loss every N steps, 0 = only at the end",
+           rule=NONNEG_INT, overrides={"task": 200}),
+    Option("early_stop", TRAINING, help="stop once K held-out evaluations in a row found no "
+           "new best (best.npz keeps the best), 0 = never", rule=NONNEG_INT, metavar="K",
+           since=(3, 0)),  # runs written before it never stopped early
+    Option("stats_every", TRAINING, help="every N steps, each tensor's gradient norm and "
+           "update-to-weight ratio into log.jsonl and stats.png, 0 = never", rule=NONNEG_INT,
+           since=(5, 0)),  # runs written before it kept none
+    Option("save_every", TRAINING, help="checkpoint every N steps, 0 = only at the end",
+           rule=NONNEG_INT),
+    Option("tensorboard", TRAINING, help="also write log.jsonl's numbers as TensorBoard events "
            "into RUN_DIR/tensorboard (needs tensorboardX: pip install "
-           "\"numpy_transformer[tensorboard]\")", switch="on", default=False,
+           "\"numpy_transformer[tensorboard]\")", switch="on",
            since=(5, False)),  # runs written before it wrote none
-    Option("out", FOLDER, f"where the run goes [{default_run_folder('lm')}, "
-           f"{default_run_folder('lm', 'lstm')} or {default_run_folder('TASK')}; if in use, a "
-           "new folder with a timestamp suffix]", None, metavar="RUN_DIR"),
-    Option("force", FOLDER, "reuse a non-empty --out (our files in it are replaced)", None,
-           switch="on"),
-    Option("resume", FOLDER, "continue the run in RUN_DIR exactly where its checkpoint left it "
-           "(takes no model/optimiser options; --steps N extends it, finished or not, to the "
-           "run of N steps)", None, metavar="RUN_DIR"),
-    Option("quiet", FOLDER, "no progress bar", None, switch="on"),
-    Option("config", FOLDER, "read options from a TOML file: one key = value per option, the "
-           "keys those of a run's config.json (max_len = 64, norm_first = false); an option "
-           "also given as a flag takes the flag's value", None, metavar="FILE.toml"),
+    Option("out", FOLDER, help=f"where the run goes [{default_run_folder('lm')}, "
+           f"{default_run_folder('lm', 'lstm')} or {default_run_folder('TASK')}]; a folder "
+           "that holds another run, or this one unfinished, is refused (--force, --resume); "
+           "without --out, one that holds this run finished is said and left (exit 0)",
+           store=None, metavar="RUN_DIR"),
+    Option("force", FOLDER, help="reuse a non-empty run folder (our files in it are replaced)",
+           store=None, switch="on"),
+    Option("resume", FOLDER, help="continue the run in RUN_DIR exactly where its checkpoint "
+           "left it (takes no model/optimiser options; --steps N extends it, finished or not, "
+           "to the run of N steps)", store=None, metavar="RUN_DIR"),
+    Option("quiet", FOLDER, help="no progress bar", store=None, switch="on"),
+    Option("config", FOLDER, help="read options from a TOML file: one key = value per option, "
+           "the keys those of a run's config.json (max_len = 64, norm_first = false); an "
+           "option also given as a flag takes the flag's value", store=None,
+           metavar="FILE.toml"),
 )
 BY_KEY = {option.key: option for option in OPTIONS}
 
@@ -261,7 +299,11 @@ def applies(option: Option, model: str) -> bool:
 # --seed set them) and the training options it records (task and model among them).
 MODEL_KEYS = {model: tuple(o.key for o in OPTIONS if o.store == "config" and applies(o, model))
               for model in MODELS}
-TRAIN_KEYS = tuple(o.key for o in OPTIONS if o.store == "options")
+TRAIN_KEYS = tuple(field.name for field in dataclasses.fields(RunOptions))
+# The defaults of every run but the rows' overrides: each model's chapter preset (config.py
+# says why each value is what it is) and RunOptions' recipe
+PRESETS = {model: dataclasses.asdict(cls.chapter()) for model, cls in MODEL_CONFIGS.items()}
+RECIPE = dataclasses.asdict(RunOptions())
 # The options of one model only, e.g. --width (Transformer) and --hidden (LSTM), by model
 ONLY_OF = {model: tuple(k for k in keys
                         if not any(k in MODEL_KEYS[other] for other in MODELS if other != model))
@@ -278,20 +320,23 @@ def flag(key: str) -> str:
 
 
 def default_of(option: Option, task: str, model: str) -> object:
-    """The default of ``option`` in a run of ``task`` and ``model``: the row's override for
-    the task, the model or every synthetic task (``"task"``), in that order; else the row's
-    default; else the default of the model config's field."""
+    """The default of ``option`` (one a run records) in a run of ``task`` and ``model``: the
+    row's override for the task or for every synthetic task (``"task"``), in that order; else
+    the field of the model's chapter preset (a config field) or of :class:`RunOptions`.
+
+    Raises
+    ------
+    LookupError
+        For an option a run of ``model`` does not have (``--hidden`` of a Transformer).
+    """
     overrides = option.overrides or {}
-    for profile in (task, model, "task" if task != "lm" else None):
+    for profile in (task, "task" if task != "lm" else None):
         if profile in overrides:
             return overrides[profile]
-    if option.default is not MISSING:
-        return option.default
-    field = CONFIG_FIELDS[model].get(option.key)
-    if field is None or field.default is MISSING:
-        raise LookupError(f"{flag(option.key)} has no default for --task {task} --model "
-                          f"{model}: give its row in OPTIONS one")
-    return field.default
+    defaults = PRESETS[model] if option.store == "config" else RECIPE
+    if option.key not in defaults:
+        raise LookupError(f"{flag(option.key)} is no option of a run of --model {model}")
+    return defaults[option.key]
 
 
 def shown(option: Option, value: object) -> str:
@@ -305,12 +350,13 @@ def shown(option: Option, value: object) -> str:
 # The options of a run: from the command line, and read back from disk
 # --------------------------------------------------------------------------------------------
 
-def resolve_options(task: str | None, given: dict) -> tuple[dict, dict]:
+def resolve_options(task: str | None, given: dict[str, object]
+                    ) -> tuple[dict[str, object], RunOptions]:
     """Merge the options the user gave (``None`` = not given) into the defaults of the task
     (``None``: :data:`DEFAULT_TASK`) and the model (``given["model"]``, default
     :data:`DEFAULT_MODEL`).
 
-    Returns ``(config_fields, train_options)``: keyword arguments of the model's config,
+    Returns ``(config_fields, options)``: keyword arguments of the model's config,
     TransformerConfig or LSTMConfig (without ``vocab``, which the data decides), and the
     training options, ``task`` and ``model`` included.
 
@@ -339,13 +385,13 @@ def resolve_options(task: str | None, given: dict) -> tuple[dict, dict]:
     values = {o.key: default_of(o, task, model) for o in OPTIONS if o.store and applies(o, model)}
     values.update(steps_from_environment())
     values.update({k: v for k, v in given.items() if v is not None}, task=task, model=model)
-    config = {k: values[k] for k in MODEL_KEYS[model]}
-    train = {k: values[k] for k in TRAIN_KEYS}
-    check_together(config, train)
     for key in ("text", "init_from"):  # resume works from any folder
-        if train[key] is not None:
-            train[key] = os.path.abspath(train[key])
-    return config, train
+        if values[key] is not None:
+            values[key] = os.path.abspath(values[key])
+    config = {k: values[k] for k in MODEL_KEYS[model]}
+    options = RunOptions(**{k: values[k] for k in TRAIN_KEYS})
+    check_together(config, options)
+    return config, options
 
 
 CONFIG_FILE_LIMIT = 1 << 20  # bytes of a --config file: a run's options take a few hundred
@@ -424,33 +470,34 @@ def check_model_fits_task(task: str, model: str) -> None:
                          f"Transformer")
 
 
-def check_together(config: dict, train: dict) -> None:
+def check_together(config: dict[str, object], options: RunOptions) -> None:
     """Refuse options that are each fine but do not fit together.
 
     Raises
     ------
     UsageError
     """
-    task = train["task"]
+    task = options.task
     for key in ("text", "init_from", "vocab_size"):
-        if task != "lm" and train[key] is not None:
+        if task != "lm" and getattr(options, key) is not None:
             raise UsageError(f"{flag(key)} is for --task lm; the {task} task makes its own data")
-    if (train["tokenizer"] == "bpe") != (train["vocab_size"] is not None):
+    if (options.tokenizer == "bpe") != (options.vocab_size is not None):
         raise UsageError("--tokenizer bpe takes its size from --vocab-size N, and only it does")
-    if train["schedule"] == "cosine" and train["warmup"] >= train["steps"]:
-        raise UsageError(f"--warmup {train['warmup']} must be smaller than --steps "
-                         f"{train['steps']} for the cosine schedule")
+    if options.schedule == "cosine" and options.warmup >= options.steps:
+        raise UsageError(f"--warmup {options.warmup} must be smaller than --steps "
+                         f"{options.steps} for the cosine schedule")
     if task == "copy" and config["max_len"] <= COPY_SHIFT:
         raise UsageError(f"the copy task predicts the digit {COPY_SHIFT} places back: --context "
                          f"must exceed {COPY_SHIFT}, got {config['max_len']}")
 
 
 def defaults(option: Option) -> list:
-    """Every default ``option`` can take: its row's, its overrides', its config fields'."""
-    found = [] if option.default is MISSING else [option.default]
-    found += list((option.overrides or {}).values())
+    """Every default ``option`` can take: its overrides', the presets' or RunOptions', and
+    those of the config fields of its name."""
+    found = list((option.overrides or {}).values())
+    found += [d[option.key] for d in (RECIPE, *PRESETS.values()) if option.key in d]
     found += [fields[option.key].default for fields in CONFIG_FIELDS.values()
-              if option.key in fields and fields[option.key].default is not MISSING]
+              if option.key in fields and fields[option.key].default is not dataclasses.MISSING]
     return found
 
 
@@ -479,10 +526,11 @@ def check_value(option: Option, value: object) -> None:
         raise UsageError(f"{flag(option.key)} {value!r}: expected {expected}")
 
 
-def check_stored_options(config: dict, options: dict) -> None:
-    """Check a config and its options read back from a run folder or a checkpoint as the
-    command line checks what it parses: every option there and none unknown, each number's
-    type and range, each choice's name, and that they fit together.
+def stored_options(config: dict[str, object], options: dict[str, object]) -> RunOptions:
+    """The options of a config and its options read back from a run folder or a checkpoint
+    (in today's format: :func:`fill_missing`), checked as the command line checks what it
+    parses: every option there and none unknown, each number's type and range, each choice's
+    name, and that they fit together.
 
     Raises
     ------
@@ -501,7 +549,9 @@ def check_stored_options(config: dict, options: dict) -> None:
     _check_recorded(fields, config)
     for o in trained + fields:
         check_value(o, (config if o.store == "config" else options)[o.key])
-    check_together(config, options)
+    typed = RunOptions(**options)
+    check_together(config, typed)
+    return typed
 
 
 def _check_recorded(rows: list[Option], values: dict) -> None:

@@ -33,7 +33,8 @@ def describe_os_error(e: OSError) -> str:
 # --------------------------------------------------------------------------------------------
 
 EXIT_CODES = {
-    0: "success (also: --resume of a run that had already finished)",
+    0: "success (also: --resume of a run that had already finished, and train without --out "
+       "whose folder holds that same run finished)",
     1: "training diverged: a non-finite loss, gradient or held-out loss (the step and tensor "
        "are named; the last good checkpoint is left untouched); gradcheck: a check failed; "
        "bench: a worker failed",

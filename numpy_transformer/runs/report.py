@@ -23,7 +23,6 @@ from .outputs import (
     EXIT_DIVERGED,
     EXIT_OK,
     LOSS_PLOT,
-    REPORT_FILES,
     SAMPLE,
     SAMPLE_LENGTH,
     SAMPLE_TEMPERATURE,
@@ -88,12 +87,6 @@ class BestCheckpoint:
         return bool(self.patience) and self.since >= self.patience
 
 
-def has_report(run: Run, run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds every file of the run's report."""
-    return all((run_dir / name).exists()
-               for name in files_of(run.task, run.model_kind, REPORT_FILES))
-
-
 def write_report(run: Run, run_dir: Path) -> int:
     """After the last step: held-out loss, the plots and (for an LM) a sample.
 
@@ -113,22 +106,22 @@ def _report(run: Run, run_dir: Path) -> int:
               f"{run.trainer.step_count} is {result['val_loss']}; the weights of {run_dir} "
               f"cannot be sampled from", file=sys.stderr, flush=True)
         return EXIT_DIVERGED
-    BestCheckpoint(run_dir, eval_every=run.options["eval_every"]).offer(run, result["val_loss"],
-                                                                       final=True)
+    BestCheckpoint(run_dir, eval_every=run.options.eval_every).offer(run, result["val_loss"],
+                                                                    final=True)
     with open(log_path(run_dir), "a", encoding="utf-8") as log:
         log.write(json.dumps({"step": run.trainer.step_count, **result, "final": True}) + "\n")
     line = f"held-out loss {result['val_loss']:.4f}"
     if run.task == "lm":
-        unit = "character" if run.options["tokenizer"] == "char" else "BPE token"
+        unit = "character" if run.options.tokenizer == "char" else "BPE token"
         line += (f" (fixed windows of {run.config.max_len}; "
                  f"{result['val_loss'] / math.log(2):.3f} bits per {unit})")
     if "val_acc" in result:
         line += f", accuracy {result['val_acc']:.3f}"
     say(line)
-    files = files_of(run.task, run.model_kind)
+    files = files_of(run.task, run.options.model)
     log = read_log(run_dir)
     loss_plot(log, run_dir / LOSS_PLOT,  # matplotlib is imported only now
-              clip=run.options["clip"] or None)
+              clip=run.options.clip or None)
     stats = [{"step": r["step"], **r["tensor_stats"]} for r in log if "tensor_stats" in r]
     if stats:
         tensor_stats_plot(stats, run_dir / STATS_PLOT)

@@ -24,6 +24,7 @@ from ..checkpoint import CheckpointError
 from ..data import CharTokenizer, fingerprint
 from ..nn import LSTMLM, DecoderLM, Module
 from .folder import checkpoint_path
+from .options import RunOptions
 from .outputs import CHECKPOINT, CONFIG, UsageError, say
 from .stored import model_from_checkpoint
 
@@ -37,7 +38,8 @@ class Source(NamedTuple):
     model: Module  # DecoderLM or LSTMLM, in the dtype and on the backend it was stored with
     tokenizer: CharTokenizer | BPETokenizer
     step: int | None  # the updates a checkpoint had made; None for a folder from elsewhere
-    options: dict | None  # the training options of a run; None for a folder from elsewhere
+    options: RunOptions | None  # the training options of a run; None for a folder from
+    #   elsewhere
 
     @property
     def is_run(self) -> bool:
@@ -91,7 +93,7 @@ def read_source(target: str | Path, what: str, note: Callable[[str], None] = say
             step = exported.info.get("step")
         else:
             model, tokenizer, ckpt = model_from_checkpoint(path, note)
-            step, options = ckpt.step, dict(ckpt.options)
+            step, options = ckpt.step, RunOptions(**ckpt.options)
     except ImportError as e:
         raise UsageError(f"{what}: {e}") from None
     except UsageError as e:  # a config.json that describes no run, say

@@ -20,11 +20,10 @@ from typing import NamedTuple
 from ..bpe import BPETokenizer, tokenizer_from_dict
 from ..checkpoint import FORMAT_VERSION, Checkpoint, CheckpointError, load_checkpoint
 from ..data import CharTokenizer
-from ..nn import LSTMLM
 from .folder import checkpoint_path, read_description
-from .options import MODEL_KEYS, check_stored_options, fill_missing
+from .options import MODEL_CONFIGS, MODEL_KEYS, RunOptions, fill_missing, stored_options
 from .outputs import CONFIG, UsageError, say
-from .state import CONFIG_CLASSES, MODEL_CLASSES, Run
+from .state import Run, model_class
 
 
 class StoredRun(NamedTuple):
@@ -32,10 +31,11 @@ class StoredRun(NamedTuple):
 
     source: Path  # the file its config and options came from: a checkpoint, or config.json
     config: dict  # the model's config, every field
-    options: dict  # the training options, task and model among them
+    options: RunOptions  # the training options, task and model among them
     model_class: type  # the model those options train
-    checkpoint: Checkpoint | None  # with the config and options above; None: the run
-    #   stopped before its first checkpoint (a folder holding only its config.json)
+    checkpoint: Checkpoint | None  # with the config and options above (as on disk, in
+    #   today's format); None: the run stopped before its first checkpoint (a folder holding
+    #   only its config.json)
 
 
 def read_run(target: str | Path, note: Callable[[str], None] = say) -> StoredRun:
@@ -72,17 +72,17 @@ def read_run(target: str | Path, note: Callable[[str], None] = say) -> StoredRun
              f"{FORMAT_VERSION} with what it did not record filled in as it did: "
              f"{', '.join(filled)}")
     try:
-        check_stored_options(config, options)
+        typed = stored_options(config, options)
     except UsageError as e:
         raise CheckpointError(f"{source}: {e}") from None
-    model_class = LSTMLM if options["model"] == "lstm" else MODEL_CLASSES[options["task"]]
+    model = model_class(typed)
     if ckpt is not None:
-        if ckpt.meta.get("model") != model_class.__name__:
+        if ckpt.meta.get("model") != model.__name__:
             raise CheckpointError(f"{source}: the checkpoint holds a {ckpt.meta.get('model')!r} "
-                                  f"but its options train a {model_class.__name__} (--task "
-                                  f"{options['task']} --model {options['model']})")
+                                  f"but its options train a {model.__name__} (--task "
+                                  f"{typed.task} --model {typed.model})")
         ckpt = dataclasses.replace(ckpt, config=config, options=options)
-    return StoredRun(source, config, options, model_class, ckpt)
+    return StoredRun(source, config, typed, model, ckpt)
 
 
 def rebuild_run(stored: StoredRun) -> Run:
@@ -94,16 +94,16 @@ def rebuild_run(stored: StoredRun) -> Run:
     CheckpointError
         Naming the file and what does not fit.
     """
-    source, ckpt = stored.source, stored.checkpoint
-    fields = {k: stored.config[k] for k in MODEL_KEYS[stored.options["model"]]}
-    started = stored.options.get("init_from")
+    source, ckpt, options = stored.source, stored.checkpoint, stored.options
+    fields = {k: stored.config[k] for k in MODEL_KEYS[options.model]}
+    started = options.init_from
     if started and ckpt is None:
         raise CheckpointError(f"{source}: a run started from {started}, stopped before its "
                               f"first checkpoint; start it again with --force")
     try:
-        own = (started or stored.options["tokenizer"] != "char") and tokenizer_from_dict(
+        own = (started or options.tokenizer != "char") and tokenizer_from_dict(
             ckpt.tokenizer)  # the source's, or a BPE's: the checkpoint's, not made again
-        run = Run(fields, dict(stored.options), tokenizer=own or None,
+        run = Run(fields, options, tokenizer=own or None,
                   started_from=ckpt and ckpt.meta.get("started_from"),
                   vocab=stored.config.get("vocab") if own else None)
     except (ValueError, TypeError, KeyError) as e:  # e.g. the --text file is gone
@@ -111,7 +111,7 @@ def rebuild_run(stored: StoredRun) -> Run:
     if ckpt is not None:
         same_tokens = ckpt.tokenizer == (run.tokenizer.to_dict() if run.tokenizer else None)
         if run.data_fingerprint != ckpt.meta.get("data_fingerprint") or not same_tokens:
-            what = stored.options["text"] or "the embedded corpus"
+            what = options.text or "the embedded corpus"
             raise CheckpointError(f"{source}: the training data changed since the checkpoint "
                                   f"was written ({what}); cannot resume exactly")
     built = dataclasses.asdict(run.config)
@@ -141,7 +141,7 @@ def model_from_checkpoint(target: str | Path, note: Callable[[str], None] = say)
         raise CheckpointError(f"{checkpoint_path(target)}: no such checkpoint file (its run "
                               f"stopped before its first save)")
     try:
-        config = CONFIG_CLASSES[stored.model_class](**stored.config).validate()
+        config = MODEL_CONFIGS[stored.options.model](**stored.config).validate()
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: bad {name} config: {e}") from None
     model = stored.model_class(config)
@@ -165,7 +165,7 @@ class LoadedRun(NamedTuple):
     model: object  # DecoderLM, EncoderClassifier, EncoderDecoder or LSTMLM, in eval mode
     tokenizer: CharTokenizer | BPETokenizer | None  # None for the synthetic tasks (digits)
     config: object  # the model's TransformerConfig or LSTMConfig
-    options: dict  # the training options it was trained with (task, steps, lr, ...)
+    options: RunOptions  # the training options it was trained with (task, steps, lr, ...)
     step: int  # the updates it had made when its checkpoint was written
 
 
@@ -197,4 +197,5 @@ def load_run(path: str | Path) -> LoadedRun:
     ... # doctest: +SKIP
     """
     model, tokenizer, ckpt = model_from_checkpoint(path)
-    return LoadedRun(model.eval(), tokenizer, model.config, dict(ckpt.options), ckpt.step)
+    return LoadedRun(model.eval(), tokenizer, model.config, RunOptions(**ckpt.options),
+                     ckpt.step)
