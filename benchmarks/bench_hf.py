@@ -198,11 +198,10 @@ def main() -> None:
         worker(args.folder, *args.worker)
         return
     folder = make_folder(args.family, args.cache / f"{args.family}-stock")
-    from threadpoolctl import threadpool_info
+    from numpy_transformer.bench.machine import machine_lines
 
-    print(f"{args.family} at {folder}; BLAS: "
-          f"{[(i['internal_api'], i.get('architecture')) for i in threadpool_info()]}; "
-          f"load {os.getloadavg()[0]:.2f}", flush=True)
+    print(*machine_lines(), sep="\n")
+    print(f"{args.family} at {folder}; load {os.getloadavg()[0]:.2f}", flush=True)
     print(f"{'task':<12}{'threads':>8}{'impl':>14}{'median':>10}{'per s':>10}{'ours/tf':>9}"
           f"{'peak MiB':>10}")
     for task in args.tasks:

@@ -36,7 +36,8 @@ columns instead, each one product over all rows: its partials would be copies of
 weight.) The chunks depend only on the number of rows, not on the
 thread count, so results are bit-for-bit the same on any number of threads. ``db``
 accumulates in float64. Inputs with fewer than ``_MIN_ROWS`` rows (a generation step) go to
-the reference, one BLAS call: there starting the threads costs more than it saves. On a single
+the reference's products, one BLAS call: there starting the threads costs more than it saves
+(their cache keeps the weight as the chunked kernels' do, ``ownership.kept``). On a single
 thread the chunks run one after the other, each in cache with its bias: a training step of the
 chapter's model took 8% less time than with NumPy's products on all rows at once (5% less for
 the small and the wide benchmark models; ``benchmarks/README.md``).
@@ -238,8 +239,9 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *,
                    keep: bool = True):
     """Affine map over the last axis; see ``functional.linear.linear_forward``."""
     _check_inputs(x, w, b)
-    if _use_reference(x.size // w.shape[0]):
-        return reference.linear_forward(x, w, b, keep=keep)
+    if _use_reference(x.size // w.shape[0]):  # the reference's product; its cache as ours
+        out, _ = reference.linear_forward(x, w, b, keep=False)
+        return out, LinearCache(x.copy(), kept(w), b is not None) if keep else None
     x2, w, bias, has_bias = _operands(x, w, b, keep=keep)  # x2: (N, C_in), w: the cache's
     out = np.empty((x2.shape[0], w.shape[1]), dtype=w.dtype)  # (N, C_out)
     with blas_on_calling_thread():
@@ -297,8 +299,10 @@ def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int,
     check_heads(ws, bs, heads)
     for i, w in enumerate(ws):
         _check_inputs(x, w, None if bs is None else bs[i])
-    if _use_reference(x.size // x.shape[-1]):
-        return reference.linear_heads_forward(x, ws, bs, heads, keep=keep)
+    if _use_reference(x.size // x.shape[-1]):  # the reference's products; its cache as ours
+        ys, _ = reference.linear_heads_forward(x, ws, bs, heads, keep=False)
+        return ys, LinearHeadsCache(x.copy(), tuple(kept(w) for w in ws), bs is not None,
+                                    heads) if keep else None
     bsz, t, _ = x.shape
     w = np.concatenate(ws, axis=1)  # (C_in, S C): the weights side by side, one product
     b = None if bs is None else np.concatenate(bs)  # (S C,)
@@ -321,7 +325,7 @@ def linear_heads_backward(dys: tuple, cache):
     The S gradients go side by side into one product each for dx and dw (the backward of
     the forward's one product), chunk by chunk as in ``linear_backward``.
     """
-    if isinstance(cache, LinearHeadsCache):  # few rows: the reference's forward made it
+    if isinstance(cache, LinearHeadsCache):  # few rows: made beside the reference's products
         return reference.linear_heads_backward(dys, cache)
     check_cache(cache, HeadsKernelCache, "linear_heads_forward")
     x, ws, has_bias, groups, heads = cache
