@@ -164,7 +164,14 @@ def _timed(fn) -> float:
 
 
 def worker(folder: Path, impl: str, task: str, threads: str) -> None:
-    """Run one task once and print ``{"seconds": [...], "peak_mb": ...}`` as JSON."""
+    """Run one task once and print ``{"seconds": [...], "peak_mb": ...}`` as JSON.
+
+    Freed memory stays in the process for the next step, as the command line keeps it
+    (``numpy_transformer/allocator.py``), for every framework alike: the setting is glibc's.
+    """
+    from numpy_transformer.allocator import reuse_freed_memory
+
+    reuse_freed_memory()
     _limit_threads(impl, threads)
     seconds = _ours(folder, task) if impl == "ours" else _torch(folder, task, impl)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB -> MiB (Linux)
