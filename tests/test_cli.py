@@ -388,6 +388,7 @@ def test_gradcheck_really_runs_one_piece():
     assert code == 0, out + err
 
 
+@pytest.mark.slow  # the whole quick benchmark: pytest -m slow (CI runs it too)
 def test_bench_quick_runs_outside_the_checkout(tmp_path):
     """What users run after ``pip install``: nothing of the source checkout is needed (the
     package comes from sys.path, the working directory is elsewhere)."""

@@ -43,6 +43,9 @@ from numpy_transformer.export import load_safetensors
 from numpy_transformer.gradcheck_tables import SECTIONS
 from numpy_transformer.runs.options import OPTIONS, Option, flag
 
+# a long property suite of the command line (hypothesis): pytest -m slow (CI runs it too)
+pytestmark = pytest.mark.slow
+
 NUMBER = st.one_of(SMALL_INT, HUGE_INT, ANY_FLOAT, INVALID)
 WORDS = st.sampled_from(["", "x", "all", "1", "-1", "none"])
 # What a path option may find: the states each one draws (made by ``materialise``); every

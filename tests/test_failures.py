@@ -473,6 +473,7 @@ def _no_traceback(code: int, err: str) -> None:
         assert code == 2 or (code == 1 and "diverged" in line), (code, line)
 
 
+@pytest.mark.slow  # a sweep: pytest -m slow (CI runs it too)
 @PROPERTY
 @given(_option_and_value({**{name: st.one_of(SMALL_INT, HUGE_INT) for name in TRAIN_INTS},
                           **TRAIN_ANY}))
@@ -500,6 +501,7 @@ def test_every_numeric_train_option_is_drawn():
     assert {flag(key) for key in TRAIN_NUMBERS} == drawn
 
 
+@pytest.mark.slow  # a sweep: pytest -m slow (CI runs it too)
 @PROPERTY
 @given(_option_and_value({name: st.one_of(SMALL_INT, HUGE_INT) for name in LSTM_INTS}))
 def test_every_numeric_lstm_option_is_refused_or_works(tiny, option):
@@ -511,6 +513,7 @@ def test_every_numeric_lstm_option_is_refused_or_works(tiny, option):
     _no_traceback(code, err)
 
 
+@pytest.mark.slow  # a sweep: pytest -m slow (CI runs it too)
 @PROPERTY
 @given(_option_and_value(SAMPLE_OPTIONS))
 def test_every_numeric_sample_option_is_refused_or_works(tiny, option):

@@ -30,6 +30,9 @@ from numpy_transformer.export import (  # noqa: E402
 from numpy_transformer.nn import DecoderLM, TransformerConfig  # noqa: E402
 from numpy_transformer.optim import Adam  # noqa: E402
 
+# a long fault suite (hypothesis over hostile files): pytest -m slow (CI runs it too)
+pytestmark = pytest.mark.slow
+
 V = 7
 TOKENIZER = CharTokenizer("abcdefg")
 

@@ -32,6 +32,9 @@ from numpy_transformer.nn import (
     TransformerConfig,
 )
 
+# a long property suite (hypothesis): pytest -m slow (CI runs it too)
+pytestmark = pytest.mark.slow
+
 HAS_KERNEL = importlib.util.find_spec("numpy_transformer.kernels.attention") is not None
 BACKENDS = config.BACKENDS if HAS_KERNEL else ("numpy",)
 PROPS = settings(deadline=None, max_examples=25, derandomize=True)

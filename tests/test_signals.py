@@ -27,6 +27,9 @@ from numpy_transformer.runs import report
 from numpy_transformer.runs.state import Run
 from numpy_transformer.train import Trainer
 
+# a signal suite (real processes stopped and killed): pytest -m slow (CI runs it too)
+pytestmark = pytest.mark.slow
+
 SIGNALS = [(signal.SIGINT, 130), (signal.SIGTERM, 143)]
 
 
