@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..threads import available_cores
-from .train_step import PACKAGE_PARENT, Worker, median, torch_installed
+from .train_step import PACKAGE_PARENT, measure, median, torch_installed
 
 BUSY_LOOP = [sys.executable, "-c", "while True: pass"]
 # A machine is busy when other work took at least this many cores in the second before
@@ -92,22 +92,9 @@ def thread_table(config: str, busy: int, steps: int, warmup: int, rounds: int) -
     rows = []
     with competing(busy):
         for group in groups:
-            workers = [Worker(f"{name}, {n} thr", variant, config, n, n)
-                       for name, variant in group for n in (cores, 1)]
-            try:
-                for w in workers:
-                    w.wait_ready()
-                for w in workers:
-                    w.run(warmup, keep=False)
-                for r in range(rounds):
-                    for w in workers:
-                        w.run(steps // rounds + (r < steps % rounds))
-                for w in workers:
-                    w.close()
-            finally:
-                for w in workers:
-                    if w.proc.poll() is None:
-                        w.proc.kill()
+            variants = [(f"{name}, {n} thr", variant, n, n) for name, variant in group
+                        for n in (cores, 1)]  # in turn: load from elsewhere hits all alike
+            workers = measure(config, variants, steps, warmup, rounds)
             for (name, _), pair in zip(group, zip(workers[::2], workers[1::2], strict=True),
                                        strict=True):
                 rows.append({"config": config, "busy": busy, "framework": name,
