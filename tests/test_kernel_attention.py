@@ -13,6 +13,7 @@ import pytest
 from _kernel_helpers import from_python
 
 from numpy_transformer.functional import attention as ref
+from numpy_transformer.functional.activations import dropout_mask
 from numpy_transformer.functional.linear import merge_heads
 from numpy_transformer.functional.masks import causal_mask, combine_masks, key_padding_mask
 from numpy_transformer.functional.positional import alibi_bias
@@ -70,16 +71,19 @@ KINDS = ["none", "causal", "causal, fewer queries", "padding", "causal+padding",
          "alibi", "alibi+causal", "cross, more queries", "cross, more keys"]
 
 
-def run_both(t_q, t_k, mask, bias, dtype, rng, b=B, h=H, d=D):
+def run_both(t_q, t_k, mask, bias, dtype, rng, b=B, h=H, d=D, dropout=None, kv_heads=None):
     """Forward and backward of reference and kernel on the same inputs, random upstream G."""
+    kv_heads = h if kv_heads is None else kv_heads
     q = rng.standard_normal((b, h, t_q, d)).astype(dtype)
-    k = rng.standard_normal((b, h, t_k, d)).astype(dtype)
-    v = rng.standard_normal((b, h, t_k, d)).astype(dtype)
+    k = rng.standard_normal((b, kv_heads, t_k, d)).astype(dtype)
+    v = rng.standard_normal((b, kv_heads, t_k, d)).astype(dtype)
     g = rng.standard_normal((b, h, t_q, d)).astype(dtype)
     if bias is not None:
         bias = bias.astype(dtype)
-    out_r, cache_r = ref.sdpa_forward(q, k, v, mask, bias)
-    out_k, cache_k = ker.sdpa_forward(q, k, v, mask, bias)
+    if dropout is not None:
+        dropout = dropout.astype(dtype)
+    out_r, cache_r = ref.sdpa_forward(q, k, v, mask, bias, dropout=dropout)
+    out_k, cache_k = ker.sdpa_forward(q, k, v, mask, bias, dropout=dropout)
     grads_r = ref.sdpa_backward(g, cache_r)
     grads_k = ker.sdpa_backward(g, cache_k)
     return (out_r, *grads_r), (out_k, *grads_k), cache_k
@@ -96,6 +100,45 @@ def test_kernel_matches_reference(kind, dtype):
         assert np.isfinite(g).all(), f"{kind}: {name} not finite"
         err = rel_err(g, w)
         assert err <= TOL[dtype], f"{kind} {dtype.__name__}: {name} relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("kind", KINDS)
+def test_kernel_with_dropout_matches_reference(kind, dtype):
+    """Dropout of the weights, (4b), runs in the kernels: multipliers of every (query, key)."""
+    rng = np.random.default_rng(20 + KINDS.index(kind))
+    t_q, t_k, mask, bias = make_case(kind, rng)
+    drop = dropout_mask((B, H, t_q, t_k), 0.25, rng, dtype)
+    want, got, cache = run_both(t_q, t_k, mask, bias, dtype, rng, dropout=drop)
+    assert cache.has_dropout
+    for name, w, g in zip(("out", "dq", "dk", "dv"), want, got, strict=True):
+        err = rel_err(g, w)
+        assert err <= TOL[dtype], f"{kind} {dtype.__name__}: {name} relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("shape", [(1, 1, T, T), (B, 1, 1, T)])
+def test_dropout_broadcast_and_grouped_query_heads(shape):
+    """Multipliers broadcast like a mask; k and v with fewer heads (grouped-query attention)."""
+    rng = np.random.default_rng(5)
+    drop = dropout_mask(shape, 0.4, rng, np.float64)
+    want, got, _ = run_both(T, T, causal_mask(T), None, np.float64, rng, h=4, dropout=drop,
+                            kv_heads=2)
+    for name, w, g in zip(("out", "dq", "dk", "dv"), want, got, strict=True):
+        assert rel_err(g, w) <= TOL[np.float64], name
+
+
+def test_a_backward_without_the_dropout_misses_the_kernels_gradients():
+    """Negative control: the reference's gradients with the multipliers left out of the
+    backward differ from the kernel's by far more than the tolerance."""
+    rng = np.random.default_rng(6)
+    drop = dropout_mask((B, H, T, T), 0.25, rng, np.float64)
+    q, k, v, g = (rng.standard_normal((B, H, T, D)) for _ in range(4))
+    _, cache_r = ref.sdpa_forward(q, k, v, causal_mask(T), dropout=drop)
+    _, cache_k = ker.sdpa_forward(q, k, v, causal_mask(T), dropout=drop)
+    wrong = ref.sdpa_backward(g, cache_r._replace(dropout=None))
+    for name, w, got in zip(("dq", "dk", "dv"), wrong, ker.sdpa_backward(g, cache_k),
+                            strict=True):
+        assert rel_err(got, w) > 1e3 * TOL[np.float64], name
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -198,17 +241,21 @@ def test_backward_split_into_chunks(kind, monkeypatch):
         assert rel_err(g, w) <= TOL[np.float64], f"{kind}: {name}"
 
 
-@pytest.mark.parametrize("kind", ["causal+padding", "alibi+causal", "arbitrary"])
+@pytest.mark.parametrize("kind", ["causal+padding", "alibi+causal", "arbitrary",
+                                  "causal, dropout"])
 def test_kernel_gradients_by_finite_differences(kind):
-    """The kernel's backward differentiates the kernel's own forward (tiny float64 shapes)."""
+    """The kernel's backward differentiates the kernel's own forward (tiny float64 shapes;
+    dropout's multipliers fixed, as a module draws them once per forward)."""
     rng = np.random.default_rng(3)
     t = 6
     mask = {"causal+padding": combine_masks(causal_mask(t), key_padding_mask(np.array([t, 4]), t)),
-            "alibi+causal": causal_mask(t), "arbitrary": rng.random((2, 1, t, t)) < 0.6}[kind]
+            "alibi+causal": causal_mask(t), "arbitrary": rng.random((2, 1, t, t)) < 0.6,
+            "causal, dropout": causal_mask(t)}[kind]
     bias = alibi_bias(2, t, t) if kind == "alibi+causal" else None
+    drop = dropout_mask((2, 2, t, t), 0.3, rng, np.float64) if "dropout" in kind else None
     q, k, v = (rng.standard_normal((2, 2, t, 4)) for _ in range(3))
-    report = check_op(lambda q, k, v: ker.sdpa_forward(q, k, v, mask, bias), ker.sdpa_backward,
-                      {"q": q, "k": k, "v": v}, title=f"kernel sdpa, {kind}")
+    report = check_op(lambda q, k, v: ker.sdpa_forward(q, k, v, mask, bias, dropout=drop),
+                      ker.sdpa_backward, {"q": q, "k": k, "v": v}, title=f"kernel sdpa, {kind}")
     assert report.ok(1e-6), str(report)
 
 

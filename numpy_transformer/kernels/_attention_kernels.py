@@ -20,14 +20,22 @@ small-matrix kernels (measured 1.2-2x faster than whole products at T = 1024). F
     m   = max over keys,  e = exp(s - m),  z = sum_j e    along the query axis  (4)
     out = (e_t^T v) / z                    (n, D)    BLAS            (5)
     lse = m + log z                        (n,)      kept for the backward pass
+    e_t = e_t * dropout^T                   with dropout only                (4b)
 
 and the backward pass, for the same block, with delta_i = sum_d dout_id out_id::
 
     s_t = k (q_blk * scale)^T              (T_k, n)  recomputed      (1)-(3)
     p_t = exp(s_t - lse)                                             (4)
     dp_t = v dout_blk^T                    (T_k, n)                  (5)
+    dp_t = dp_t * dropout^T,  after ds: p_t = p_t * dropout^T    (4b), with dropout only
     ds_t = p_t * (dp_t - delta)                                      (4)
     dv += p_t dout_blk,  dk += ds_t (q_blk * scale),  dq_blk = ds_t^T k * scale   (5), (1)
+
+With dropout of the weights, (4b) p~ = p * dropout, the multipliers scale each block where
+its probabilities are made: before the product with v in the forward pass; in the backward
+pass, dp~ into dp, and p into p~ for dv after ds is made from p. The row sums need no change:
+out = p~ v gives delta_i = sum_j dp_ij p_ij = sum_d dout_id out_id with dp = dp~ * dropout, as
+without dropout.
 
 A causal mask is never materialised: query ``i`` sees keys ``j < kend(i) = i + 1 + T_k - T_q``,
 so a block stops at its last row's ``kend`` and, within it, key j is skipped for the rows
@@ -125,6 +133,18 @@ def _mask_scores(s_t, i0, n, b, h, t_q, t_k, causal, mask, mstr, has_mask, bias,
             for r in range(lo, n):
                 if not mask[base + r * mstr[2]]:
                     row[r] = -np.inf
+
+
+@helper(_JIT)
+def _drop_scores(x_t, i0, n, b, h, t_q, t_k, causal, drop, dstr):
+    # (4b) x = x * dropout in place on the visible part of a transposed block x_t (k_hi, n):
+    # e before the product with v, dp~ into dp, p into p~
+    for j in range(x_t.shape[0]):
+        row = x_t[j]
+        lo = _first_row(j, i0, n, t_q, t_k, causal)
+        base = b * dstr[0] + h * dstr[1] + i0 * dstr[2] + j * dstr[3]
+        for r in range(lo, n):
+            row[r] *= drop[base + r * dstr[2]]
 
 
 # Loops over a row segment take the segment as a slice and run from 0: a loop from a start
@@ -311,7 +331,8 @@ def _queries_product(e_t, x, out, i0, n, t_q, t_k, causal, fn):
 
 @njit(parallel=True, **_JIT)
 def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, bias, bstr,
-                         has_bias, n_threads, fn, out, lse):  # pragma: no cover - compiled
+                         has_bias, drop, dstr, has_drop, n_threads, fn, out, lse):
+    # pragma: no cover - compiled
     # Equations (1)-(5) of functional/attention.sdpa_forward, one query block per work item.
     # q: (B, H, T_q, D) any strides (the wrapper's C-contiguous copy), k, v: (B, H, T_k, D)
     # C-contiguous -> out: (B, T_q, H, D) C-contiguous (the caller returns its (B, H, T_q, D)
@@ -354,8 +375,10 @@ def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, b
             if m[r] == -np.inf:  # every key masked: e = 0 below, so z = 0 and out = 0
                 m[r] = 0.0
         _exp_columns(e_t, i0, n, t_q, t_k, causal, m, z)  # (4) e = exp(s - m), z = sum e
+        if has_drop:  # (4b) p~ = p * dropout: e~ = e * dropout, over the same z
+            _drop_scores(e_t, i0, n, b, h, t_q, t_k, causal, drop, dstr)
         o = o_scratch[tid, :n * d].reshape((n, d))
-        # (5) out = p v = (e v) / z  (n, D)
+        # (5) out = p~ v = (e~ v) / z  (n, D)
         _queries_product(e_t, vs, o, i0, n, t_q, t_k, causal, fn)
         for r in range(n):
             i = i0 + r
@@ -412,8 +435,9 @@ def _row_terms(lse, do_blk, out, n, lse_hi, lse_lo, delta):
 
 @njit(parallel=True, **_JIT)
 def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, mstr,
-                          has_mask, bias, bstr, has_bias, n_threads, n_chunks, fn,
-                          dq, dk, dv, dk_part, dv_part):  # pragma: no cover - compiled
+                          has_mask, bias, bstr, has_bias, drop, dstr, has_drop, n_threads,
+                          n_chunks, fn, dq, dk, dv, dk_part, dv_part):
+    # pragma: no cover - compiled
     # Backward of (5)-(1) with p rebuilt from lse; mirrors functional/attention.sdpa_backward.
     # dout: (B, H, T_q, D) C-contiguous (the wrapper's); q, out: (B, H, T_q, D), any
     # strides; k, v: (B, H, T_k, D) C-contiguous (the forward's); lse: (B, H, T_q)
@@ -454,10 +478,14 @@ def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, 
             _mask_scores(p_t, i0, n, b, h, t_q, t_k, causal, mask, mstr, has_mask, bias, bstr,
                          has_bias)
             ds_t = ds_scratch[tid, :k_hi * n].reshape((k_hi, n))
-            # (5) out = p v  =>  dp^T = v dout^T
+            # (5) out = p~ v  =>  dp~^T = v dout^T
             _scores_t(vs[:k_hi], do_t, ds_t, i0, n, t_q, t_k, causal, fn)
+            if has_drop:  # (4b) p~ = p * dropout  =>  dp = dp~ * dropout
+                _drop_scores(ds_t, i0, n, b, h, t_q, t_k, causal, drop, dstr)
             _softmax_backward_columns(p_t, ds_t, i0, n, t_q, t_k, causal, lse_hi, lse_lo, delta)
-            # (5) out = p v  =>  dv = p^T dout
+            if has_drop:  # (4b) p~ = p * dropout, for dv
+                _drop_scores(p_t, i0, n, b, h, t_q, t_k, causal, drop, dstr)
+            # (5) out = p~ v  =>  dv = p~^T dout
             _keys_product(p_t, do_blk, dv_acc[:k_hi * d].reshape((k_hi, d)), i0, n, t_q, t_k,
                           causal, fn)
             # (3), (2) masking and the constant bias pass ds through unchanged

@@ -32,10 +32,11 @@ cache's buffers, which the kernel would copy whole at every token. It computes t
 reference's steps (1)-(5) on them where they lie, the G query heads of a kv head as G rows of
 one product, so that (0) copies nothing either (:func:`_decode_step`).
 
-Dropout on the attention weights (``dropout=``, a model's ``attn_dropout`` in training) runs
-the reference: its multipliers are a (B, H, T_q, T_k) array anyway, as large as the
-probabilities the reference keeps, so the fused kernels would save no memory there; the
-backward follows the cache it is given. In evaluation, and without dropout, the kernels run.
+Dropout on the attention weights (``dropout=``, a model's ``attn_dropout`` in training, GPT-2's
+``attn_pdrop``) runs in the same kernels: the multipliers scale each block of probabilities
+where it is made, equation (4b). The cache keeps a copy of them, as it keeps a general mask
+(the reference keeps them too, beside the (B, H, T_q, T_k) probabilities that this cache
+does not hold).
 
 Three files: this one holds the public wrappers (validation, the cache, the contract);
 ``_attention_kernels.py`` the compiled code, with the plan of the kernels in the reference's
@@ -57,9 +58,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from ..functional import attention as reference
 from ..functional.attention import (
-    SDPACache,
     check_attention_inputs,
     check_sdpa_grads,
     repeat_kv,
@@ -98,6 +97,9 @@ class SDPAKernelCache(NamedTuple):
     bias_strides: np.ndarray  # (4,) int64
     has_bias: bool
     kv_heads: int  # H_kv of the caller's k and v: the backward sums dk, dv over G = H / H_kv
+    dropout: np.ndarray  # 1-D float, the multipliers of (4b), a copy, like ``bias``
+    dropout_strides: np.ndarray  # (4,) int64
+    has_dropout: bool
 
 
 def _own_heads(x: np.ndarray, heads: int) -> np.ndarray:
@@ -142,8 +144,7 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None, *, kee
 
     Same parameters (``keep`` too), returns and errors as
     :func:`numpy_transformer.functional.attention.sdpa_forward`; only the cache differs
-    (``SDPAKernelCache``: the per-row log-sum-exp instead of the probabilities); with
-    ``dropout``, the reference's (see the module docstring).
+    (``SDPAKernelCache``: the per-row log-sum-exp instead of the probabilities).
 
     Parameters
     ----------
@@ -156,6 +157,8 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None, *, kee
         Constant additive score bias (ALiBi). Converted to q's dtype.
     scale : float, optional
         Score scale, default ``1 / sqrt(D)``.
+    dropout : ndarray of float, broadcastable to (B, H, T_q, T_k), q's dtype, optional
+        The multipliers of the attention weights after the softmax (inverted dropout).
 
     Notes
     -----
@@ -163,11 +166,9 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None, *, kee
     p = exp(s - lse); float64 for either dtype (float32 would shift every rebuilt p by up to
     about 1e-6 relative).
     """
-    if dropout is not None:
-        return reference.sdpa_forward(q, k, v, mask, bias, scale, dropout, keep=keep)
-    check_attention_inputs(q, k, v, mask, bias, scale)
+    check_attention_inputs(q, k, v, mask, bias, scale, dropout)
     check_kernel_float("q", q)  # and so k and v, of q's dtype
-    if not keep and q.shape[2] == 1:  # a decoding step: see the module docstring
+    if not keep and q.shape[2] == 1 and dropout is None:  # a decoding step: module docstring
         return _decode_step(q, k, v, mask, bias, scale), None
     b, h, t_q, d = q.shape
     t_k, kv_heads = k.shape[2], k.shape[1]
@@ -175,6 +176,7 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None, *, kee
     causal, kv_len, rest = _analyse_mask(mask, b, t_q, t_k)
     mask_flat, mstr, has_mask = _flat_with_strides(rest, np.bool_)
     bias_flat, bstr, has_bias = _flat_with_strides(bias, q.dtype)
+    drop_flat, dstr, has_drop = _flat_with_strides(dropout, q.dtype)
     # the cache owns q, k, v: C-contiguous copies (keys and values are read whole by every
     # query block, as they lie), whatever the caller's strides, so one compiled signature;
     # k and v with one head per query head, (0)
@@ -184,12 +186,14 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None, *, kee
     with blas_on_calling_thread(), numba.parallel_chunksize(h):
         # the kernel writes the memory's own (B, T_q, H, D) order
         _sdpa_forward_kernel(q, k, v, q.dtype.type(scale), causal, kv_len, mask_flat, mstr,
-                             has_mask, bias_flat, bstr, has_bias, numba.get_num_threads(),
-                             gemm_address(q.dtype), out.transpose(0, 2, 1, 3), lse)
+                             has_mask, bias_flat, bstr, has_bias, drop_flat, dstr, has_drop,
+                             numba.get_num_threads(), gemm_address(q.dtype),
+                             out.transpose(0, 2, 1, 3), lse)
     if not keep:
         return out, None
     cache = SDPAKernelCache(q, k, v, out, lse, scale, (b, h, t_q, t_k, d), causal, kv_len,
-                            mask_flat, mstr, has_mask, bias_flat, bstr, has_bias, kv_heads)
+                            mask_flat, mstr, has_mask, bias_flat, bstr, has_bias, kv_heads,
+                            drop_flat, dstr, has_drop)
     return out, cache
 
 
@@ -202,7 +206,7 @@ def _check_cache(c: SDPAKernelCache) -> None:
     """Raise ``ValueError`` unless ``c`` is an SDPAKernelCache whose arrays fit its shape."""
     check_cache(c, SDPAKernelCache, "sdpa_forward")
     arrays = (c.q, c.k, c.v, c.out, c.lse, c.kv_len, c.mask, c.mask_strides, c.bias,
-              c.bias_strides)
+              c.bias_strides, c.dropout, c.dropout_strides)
     ok = all(isinstance(x, np.ndarray) for x in arrays) and len(c.shape) == 5
     if ok:
         b, h, t_q, t_k, d = c.shape
@@ -214,11 +218,13 @@ def _check_cache(c: SDPAKernelCache) -> None:
               and c.lse.shape == (b, h, t_q) and c.lse.dtype == np.float64
               and c.kv_len.shape == (b,) and c.kv_len.dtype == np.int64
               and 0 <= c.kv_len.min() and c.kv_len.max() <= t_k
-              and c.mask_strides.shape == c.bias_strides.shape == (4,)
-              and (c.mask_strides >= 0).all() and (c.bias_strides >= 0).all()
+              and c.mask_strides.shape == c.bias_strides.shape == c.dropout_strides.shape
+              == (4,) and (c.mask_strides >= 0).all() and (c.bias_strides >= 0).all()
+              and (c.dropout_strides >= 0).all()
               and (not c.has_mask or _reach(c.mask_strides, scores) <= c.mask.size)
               and (not c.has_bias or _reach(c.bias_strides, scores) <= c.bias.size)
-              and c.bias.dtype == c.q.dtype
+              and (not c.has_dropout or _reach(c.dropout_strides, scores) <= c.dropout.size)
+              and c.bias.dtype == c.dropout.dtype == c.q.dtype
               and isinstance(c.kv_heads, int) and 0 < c.kv_heads <= h and h % c.kv_heads == 0)
     check_consistent(c, ok)
     check_kernel_float("cache.q", c.q)
@@ -230,11 +236,8 @@ def sdpa_backward(dout, cache: SDPAKernelCache):
     Rows whose keys are all masked get zero gradients; a masked (query, key) pair contributes
     exactly zero to dq, dk and dv. Like the forward's output, each gradient is a (B, H, T, D)
     view of memory laid out as (B, T, H, D), so that merging its heads is a free reshape;
-    dk and dv (B, H_kv, T_k, D) too, in grouped-query attention. The cache of a forward with
-    dropout is the reference's, and so is its backward.
+    dk and dv (B, H_kv, T_k, D) too, in grouped-query attention.
     """
-    if isinstance(cache, SDPACache) and cache.dropout is not None:  # what the forward ran
-        return reference.sdpa_backward(dout, cache)
     _check_cache(cache)
     check_sdpa_grads(dout, cache.q)
     b, h, t_q, t_k, d = cache.shape
@@ -255,6 +258,7 @@ def sdpa_backward(dout, cache: SDPAKernelCache):
                               dtype.type(cache.scale), cache.causal, cache.kv_len,
                               cache.mask, cache.mask_strides, cache.has_mask,
                               cache.bias, cache.bias_strides, cache.has_bias,
+                              cache.dropout, cache.dropout_strides, cache.has_dropout,
                               numba.get_num_threads(), n_chunks, gemm_address(dtype),
                               dq, dk, dv, dk_part, dv_part)
     if n_chunks > 1:
