@@ -17,9 +17,11 @@ Tasks, each in a worker process of its own (one implementation, one thread setti
   ``AutoModelForCausalLM.generate(do_sample=False)``. Tokens per second of the 128 (the
   prompt's prefill included, as a user waits for it).
 * ``step 1x128``, ``step 4x256``: one forward and backward of the cross-entropy at batch x
-  context, in training mode (GPT-2's dropouts on). Ours: ``model.loss_and_backward``;
-  transformers: ``model(ids, labels=...).loss.backward()``; twin: the PyTorch twin of our model
-  (``torch_twins.to_torch``), ``F.cross_entropy`` then ``backward``. Median seconds per step.
+  context, in training mode (GPT-2's dropouts on). Ours: ``model.loss_and_backward`` in
+  ``model.replacing_grads()``, as a ``Trainer`` step runs it; transformers:
+  ``model(ids, labels=...).loss.backward()``; twin: the PyTorch twin of our model
+  (``torch_twins.to_torch``), ``F.cross_entropy`` then ``backward``; each torch step after
+  ``zero_grad()``, whose default sets the gradients to None. Median seconds per step.
 
 "threads" ``1``: ``numba.set_num_threads(1)`` and BLAS limited to one thread (threadpoolctl) for
 ours, ``torch.set_num_threads(1)`` for torch; ``default``: what each library does when nothing
@@ -111,9 +113,9 @@ def _ours(folder: Path, task: str) -> list[float]:
     ids = _tokens(model.config.vocab, batch, length)
     model.train()
 
-    def step() -> None:
-        model.zero_grad()
-        model.loss_and_backward(ids[:, :-1], targets=ids[:, 1:])
+    def step() -> None:  # the gradients replaced, as after torch's zero_grad(): no zeros
+        with model.replacing_grads():  # written first (Module.replacing_grads)
+            model.loss_and_backward(ids[:, :-1], targets=ids[:, 1:])
 
     step()
     return [_timed(step) for _ in range(3)]

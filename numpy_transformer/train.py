@@ -108,18 +108,21 @@ class Trainer:
         GPT-2's vocabulary and 1024 positions, are never made whole. Any other model is run as
         ``forward``, the loss, ``backward``; the logits and the probabilities are let go
         before its backward starts, when every layer's cache is still held.
+
+        The gradients it leaves are this batch's alone, as after ``zero_grad()``: the backward
+        runs in ``model.replacing_grads()``, which spares the pass that zeroes them.
         """
-        self.model.zero_grad()
-        fused = getattr(self.model, "loss_and_backward", None)
-        if fused is not None:
-            return fused(*batch.inputs, targets=batch.targets, mask=batch.mask)
-        logits = self.model.forward(*batch.inputs)  # (B, T, V)
-        loss, cache = self.ops.cross_entropy_forward(logits, batch.targets, mask=batch.mask)
-        del logits
-        dlogits = self.ops.cross_entropy_backward(1.0, cache)  # (B, T, V)
-        del cache
-        self.model.backward(dlogits)
-        return loss
+        with self.model.replacing_grads():
+            fused = getattr(self.model, "loss_and_backward", None)
+            if fused is not None:
+                return fused(*batch.inputs, targets=batch.targets, mask=batch.mask)
+            logits = self.model.forward(*batch.inputs)  # (B, T, V)
+            loss, cache = self.ops.cross_entropy_forward(logits, batch.targets, mask=batch.mask)
+            del logits
+            dlogits = self.ops.cross_entropy_backward(1.0, cache)  # (B, T, V)
+            del cache
+            self.model.backward(dlogits)
+            return loss
 
     def step(self, batch: Batch) -> StepRecord:
         """One full optimisation step; returns its log record.

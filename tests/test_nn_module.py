@@ -5,10 +5,12 @@ import numpy as np
 import pytest
 
 from numpy_transformer.nn import (
+    LSTMLM,
     DecoderLM,
     Dropout,
     EncoderBlock,
     Linear,
+    LSTMConfig,
     MultiHeadAttention,
     TransformerConfig,
 )
@@ -58,6 +60,72 @@ def test_backward_accumulates_and_zero_grad_is_explicit():
     w_grad = layer.grads["w"]
     layer.zero_grad()
     assert not layer.grads["w"].any() and layer.grads["w"] is w_grad  # zeroed in place
+
+
+def _garbage_grads(model, seed):
+    """Random numbers in every gradient: what a previous step would have left."""
+    rng = np.random.default_rng(seed)
+    for _, grad in model.parameters():
+        grad[...] = rng.normal(size=grad.shape)
+
+
+def _grads(model):
+    return {name: grad.copy() for name, _, grad in model.named_parameters()}
+
+
+LMS = {  # a tied table (two gradients into one array), learned positions longer than the
+    # batch (a gradient into some rows only), both backends; an LSTM
+    "tied, numpy": lambda: small_lm(tie_embeddings=True, positions="learned", max_len=9,
+                                    bias=False, backend="numpy", dtype="float64"),
+    "tied, numba": lambda: small_lm(tie_embeddings=True, positions="learned", max_len=9,
+                                    backend="numba", dtype="float32"),
+    "lstm": lambda: LSTMLM(LSTMConfig(vocab=11, hidden=8, embed=6, max_len=9)),
+}
+
+
+@pytest.mark.parametrize("name", LMS)
+def test_replacing_grads_leaves_the_bits_of_zero_grad_then_backward(name):
+    tokens = np.random.default_rng(1).integers(0, 11, size=(3, 7))
+    want, got = LMS[name](), LMS[name]()
+    _garbage_grads(want, 2)
+    want.zero_grad()
+    want.loss_and_backward(tokens[:, :-1], targets=tokens[:, 1:])
+    _garbage_grads(got, 3)
+    with got.replacing_grads():
+        got.loss_and_backward(tokens[:, :-1], targets=tokens[:, 1:])
+    expected, actual = _grads(want), _grads(got)
+    for key, grad in expected.items():
+        assert grad.any(), key  # every parameter has a gradient here
+        np.testing.assert_array_equal(actual[key], grad, err_msg=key)
+    # negative control: the same backward adding into the old numbers does not match
+    _garbage_grads(got, 3)
+    got.loss_and_backward(tokens[:, :-1], targets=tokens[:, 1:])
+    assert any(not np.array_equal(g, expected[k]) for k, g in _grads(got).items())
+
+
+def test_replacing_grads_zeroes_what_no_backward_wrote_and_keeps_the_arrays():
+    model = small_lm()
+    _garbage_grads(model, 4)
+    arrays = [grad for _, grad in model.parameters()]
+    with model.replacing_grads():
+        pass
+    assert all(not grad.any() for grad in arrays)
+    assert all(a is b for a, (_, b) in zip(arrays, model.parameters(), strict=True))
+
+
+def test_inside_replacing_grads_a_second_backward_adds():
+    rng = np.random.default_rng(5)
+    layer = Linear(3, 4, rng=rng)
+    x, g = rng.normal(size=(2, 3)), rng.normal(size=(2, 4))
+    layer.forward(x)
+    layer.backward(g)
+    once = _grads(layer)
+    _garbage_grads(layer, 6)
+    with layer.replacing_grads():
+        layer.backward(g)
+        layer.backward(g)
+    for key, grad in once.items():
+        np.testing.assert_allclose(layer.grads[key], 2 * grad)
 
 
 def test_second_forward_overwrites_the_cache():

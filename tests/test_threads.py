@@ -181,20 +181,23 @@ def test_the_weights_are_the_same_on_any_thread_count(model_name):
 
 
 @needs_two_threads
-def test_the_attention_backward_gives_the_same_bits_on_any_thread_count():
+@pytest.mark.parametrize("dropout", [False, True])
+def test_the_attention_backward_gives_the_same_bits_on_any_thread_count(dropout):
     # one (batch, head) pair and three query blocks: the backward splits the head into chunks,
-    # as many on one thread as on two
+    # as many on one thread as on two; with dropout of the weights too
+    from numpy_transformer.functional.activations import dropout_mask
     from numpy_transformer.functional.masks import causal_mask
     from numpy_transformer.kernels.attention import sdpa_backward, sdpa_forward
 
     rng = np.random.default_rng(1)
     q, k, v, dout = (rng.standard_normal((1, 2, 300, 8)).astype(np.float32) for _ in range(4))
+    drop = dropout_mask((1, 2, 300, 300), 0.1, rng, np.float32) if dropout else None
     before = numba.get_num_threads()
     grads = []
     try:
         for threads in (1, 2):
             numba.set_num_threads(threads)
-            _, cache = sdpa_forward(q, k, v, causal_mask(300))
+            _, cache = sdpa_forward(q, k, v, causal_mask(300), dropout=drop)
             grads.append(weights_hash(sdpa_backward(dout, cache)))
     finally:
         numba.set_num_threads(before)

@@ -277,9 +277,9 @@ class MultiHeadAttention(Module):
             d, dws, dbs = self.ops.linear_heads_backward(dys[i:i + len(run)], cache)
             i += len(run)
             for j, n in enumerate(run):  # (1) => dw, db of each projection
-                self.grads["w" + n] += dws[j]
+                self.add_grad("w" + n, dws[j])
                 if self.bias:
-                    self.grads["b" + n] += dbs[j]
+                    self.add_grad("b" + n, dbs[j])
             dsrc = d if dsrc is None else dsrc + d  # (1) src fed every run
         return dsrc
 
@@ -344,7 +344,7 @@ class MultiHeadAttention(Module):
         """(6) out = o wo + bo and (5) o = merge_heads(o), backwards: do (B, H, T_q, D)."""
         # (6) out = o wo + bo   =>   do = dout wo^T,  dwo = o^T dout,  dbo = sum dout
         do, dwo, dbo = self.ops.linear_backward(dout, self.cache.out)  # (B, T_q, C)
-        self.grads["wo"] += dwo
+        self.add_grad("wo", dwo)
         if self.bias:
-            self.grads["bo"] += dbo
+            self.add_grad("bo", dbo)
         return split_heads(do, self.heads)  # (5) merge heads  =>  split the gradient

@@ -85,9 +85,9 @@ class Linear(Module):
         """dout : (..., C_out) -> dx : (..., C_in); adds into ``grads["w"]`` and ``grads["b"]``."""
         self.check_grad("dout", dout)
         dx, dw, db = self.ops.linear_backward(dout, self.cache)
-        self.grads["w"] += dw
+        self.add_grad("w", dw)
         if db is not None:
-            self.grads["b"] += db
+            self.add_grad("b", db)
         return dx
 
     def loss_forward(self, x: np.ndarray, targets: np.ndarray,
@@ -101,9 +101,9 @@ class Linear(Module):
     def loss_backward(self, dloss: float = 1.0) -> np.ndarray:
         """-> dx : (..., C_in), of the loss of :meth:`loss_forward`; adds into ``grads``."""
         dx, dw, db = _loss_gradients(self, dloss)
-        self.grads["w"] += dw
+        self.add_grad("w", dw)
         if db is not None:
-            self.grads["b"] += db
+            self.add_grad("b", db)
         return dx
 
 
@@ -144,7 +144,7 @@ class Embedding(Module):
     def backward(self, dout: np.ndarray) -> None:
         """Adds ``dout`` (B, T, C) into the rows of ``grads["table"]``; ids have no gradient."""
         self.check_grad("dout", dout)
-        self.grads["table"] += self.ops.embedding_backward(dout, self.cache)
+        self.add_grad("table", self.ops.embedding_backward(dout, self.cache))
 
 
 class TiedOutput(Module):
@@ -183,7 +183,7 @@ class TiedOutput(Module):
         """dout : (B, T, V) -> dx : (B, T, C); adds into the embedding's ``grads["table"]``."""
         self.check_grad("dout", dout)
         dx, dw, _ = self.ops.linear_backward(dout, self.cache)  # dw is d(table^T), (C, V)
-        self.embedding.grads["table"] += dw.T
+        self.embedding.add_grad("table", dw.T)
         return dx
 
     def loss_forward(self, x: np.ndarray, targets: np.ndarray,
@@ -199,7 +199,7 @@ class TiedOutput(Module):
         """-> dx : (B, T, C), of the loss of :meth:`loss_forward`; adds into the embedding's
         ``grads["table"]``."""
         dx, dw, _ = _loss_gradients(self, dloss)  # dw: d(table^T), (C, V)
-        self.embedding.grads["table"] += dw.T
+        self.embedding.add_grad("table", dw.T)
         return dx
 
 
@@ -238,8 +238,8 @@ class LayerNorm(Module):
         """dout : (..., C) -> dx : (..., C); adds into ``grads["w"]`` and ``grads["b"]``."""
         self.check_grad("dout", dout)
         dx, dw, db = self.ops.layer_norm_backward(dout, self.cache)
-        self.grads["w"] += dw
-        self.grads["b"] += db
+        self.add_grad("w", dw)
+        self.add_grad("b", db)
         return dx
 
 
@@ -278,7 +278,7 @@ class RMSNorm(Module):
         """dout : (..., C) -> dx : (..., C); adds into ``grads["w"]``."""
         self.check_grad("dout", dout)
         dx, dw = self.ops.rms_norm_backward(dout, self.cache)
-        self.grads["w"] += dw
+        self.add_grad("w", dw)
         return dx
 
 
@@ -392,7 +392,7 @@ class FeedForward(Module):
         dx, grads = self.ops.feed_forward_backward(dout, self.cache)  # (3)-(1)
         for name, (dw, db) in grads.items():
             layer = self.children[name]
-            layer.grads["w"] += dw
+            layer.add_grad("w", dw)
             if db is not None:
-                layer.grads["b"] += db
+                layer.add_grad("b", db)
         return dx

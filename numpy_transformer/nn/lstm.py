@@ -147,10 +147,10 @@ class LSTM(Module):
         for k in reversed(range(self.layers)):
             dout, _, _, dw_ih, dw_hh, db = self.ops.lstm_backward(dout, None, None,
                                                                   self.cache[k])
-            self.grads[f"w_ih_l{k}"] += dw_ih
-            self.grads[f"w_hh_l{k}"] += dw_hh
-            self.grads[f"b_ih_l{k}"] += db  # b = b_ih + b_hh: each gets db
-            self.grads[f"b_hh_l{k}"] += db
+            self.add_grad(f"w_ih_l{k}", dw_ih)
+            self.add_grad(f"w_hh_l{k}", dw_hh)
+            self.add_grad(f"b_ih_l{k}", db)  # b = b_ih + b_hh: each gets db
+            self.add_grad(f"b_hh_l{k}", db)
         return dout
 
 

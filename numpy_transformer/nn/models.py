@@ -89,8 +89,8 @@ class Embeddings(Module):
         dx = self.drop.backward(dx)  # (4)
         if self.positions is not None:
             dx = self.positions.backward(dx)  # (3)
-        self.tokens.grads["table"] += self.ops.embeddings_backward(dx, self.cache,
-                                                                   self.scale)  # (2), (1)
+        self.tokens.add_grad("table", self.ops.embeddings_backward(dx, self.cache,
+                                                                   self.scale))  # (2), (1)
 
 
 class Encoder(Module):

@@ -6,10 +6,13 @@ The contract every module in ``numpy_transformer.nn`` follows:
   dtype of ``params[name]`` and starts at zero.
 * ``forward(...)`` computes the output and keeps exactly one cache (a second forward
   overwrites it), so a backward always belongs to the latest forward.
-* ``backward(dout)`` *adds* into ``grads`` (``+=``) and returns the gradient of the input(s).
-  Zeroing is a separate, explicit step (:meth:`Module.zero_grad`). Accumulation is what lets
-  one table receive gradient from two places (tied embeddings) and what makes gradient
-  accumulation over micro-batches a loop of backwards.
+* ``backward(dout)`` *adds* into ``grads`` (``+=``, through :meth:`Module.add_grad`) and
+  returns the gradient of the input(s). Zeroing is a separate, explicit step
+  (:meth:`Module.zero_grad`). Accumulation is what lets one table receive gradient from two
+  places (tied embeddings) and what makes gradient accumulation over micro-batches a loop of
+  backwards. Inside ``with model.replacing_grads():`` (a training step's) the first value
+  added to a gradient replaces it instead: the numbers of ``zero_grad()`` then the backward,
+  without a pass that writes zeros over every gradient, nor one that reads them back.
 * Children are registered by name, in order, so every parameter has a dotted name such as
   ``blocks.0.attn.wq``.
 * A model's ``loss_and_backward`` runs its forward and its backward in one call, inside
@@ -36,11 +39,15 @@ non-persistent position buffer does.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
+# Inside Module.replacing_grads(): the gradients that no backward has written yet, by id
+_UNWRITTEN: contextvars.ContextVar[dict[int, np.ndarray] | None] = contextvars.ContextVar(
+    "unwritten_grads", default=None)
 # grad_like of a module whose last forward's backward already ran inside loss_and_backward
 _SPENT = "spent"
 # grad_like of a module whose last forward kept nothing (eval mode, or inside no_grad())
@@ -225,6 +232,39 @@ class Module:
         """Set every gradient to zero, in place (the arrays stay the same objects)."""
         for _, grad in self.parameters():
             grad[...] = 0
+
+    def add_grad(self, name: str, value: np.ndarray, index: object = ...) -> None:
+        """``grads[name][index] += value``: how every backward hands over a parameter's
+        gradient. Inside :meth:`replacing_grads`, the first value a gradient receives replaces
+        what it held (the rest of it, outside ``index``, becomes zero)."""
+        grad = self.grads[name]
+        unwritten = _UNWRITTEN.get()
+        if unwritten is not None and unwritten.pop(id(grad), None) is not None:
+            if index is ...:
+                np.copyto(grad, value)  # 0 + value, without writing the 0 and reading it back
+                return
+            grad[...] = 0
+        grad[index] += value
+
+    @contextlib.contextmanager
+    def replacing_grads(self) -> Iterator[Module]:
+        """A block in which backwards replace this module's gradients instead of adding to
+        them: the first value :meth:`add_grad` gives a gradient replaces it, later ones add.
+
+        The gradients then end as ``zero_grad()`` before the block would leave them, bit for
+        bit, without its pass over every gradient: at GPT-2's size 500 MB of zeros written,
+        then read back by the first ``+=`` (PyTorch's ``zero_grad(set_to_none=True)`` spares
+        the same passes). A gradient that no backward wrote in the block is zeroed when it
+        ends. ``Trainer`` runs each step's backward in one.
+        """
+        unwritten = {id(grad): grad for _, grad in self.parameters()}
+        token = _UNWRITTEN.set(unwritten)
+        try:
+            yield self
+        finally:
+            _UNWRITTEN.reset(token)
+            for grad in unwritten.values():
+                grad[...] = 0
 
     # ------------------------------------------------------------------ saving and loading
     def state_dict(self) -> dict[str, np.ndarray]:

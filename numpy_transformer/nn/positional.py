@@ -117,5 +117,5 @@ class LearnedPositions(Module):
         """``dtable[rows] += sum_B dout`` (every sequence used the same rows); ``dx = dout``."""
         self.check_grad("dout", dout)
         start, length = self.cache
-        self.grads["table"][start:start + length] += dout.sum(axis=0)
+        self.add_grad("table", dout.sum(axis=0), np.s_[start:start + length])
         return dout
