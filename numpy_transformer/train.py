@@ -14,6 +14,7 @@ that step.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -110,9 +111,13 @@ class Trainer:
         before its backward starts, when every layer's cache is still held.
 
         The gradients it leaves are this batch's alone, as after ``zero_grad()``: the backward
-        runs in ``model.replacing_grads()``, which spares the pass that zeroes them.
+        runs in ``model.replacing_grads()``, which spares the pass that zeroes them (a model
+        without that method is zeroed first).
         """
-        with self.model.replacing_grads():
+        replacing = getattr(self.model, "replacing_grads", None)
+        if replacing is None:
+            self.model.zero_grad()
+        with contextlib.nullcontext() if replacing is None else replacing():
             fused = getattr(self.model, "loss_and_backward", None)
             if fused is not None:
                 return fused(*batch.inputs, targets=batch.targets, mask=batch.mask)

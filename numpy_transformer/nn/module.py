@@ -39,15 +39,11 @@ non-persistent position buffer does.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
-# Inside Module.replacing_grads(): the gradients that no backward has written yet, by id
-_UNWRITTEN: contextvars.ContextVar[dict[int, np.ndarray] | None] = contextvars.ContextVar(
-    "unwritten_grads", default=None)
 # grad_like of a module whose last forward's backward already ran inside loss_and_backward
 _SPENT = "spent"
 # grad_like of a module whose last forward kept nothing (eval mode, or inside no_grad())
@@ -104,6 +100,9 @@ class Module:
         # (expect_grad_like). None before any forward; a shape entry "B" matches any length
         # (a module whose rows another module adds, positions.addend)
         self.grad_like: tuple | str | None = None
+        # inside replacing_grads(): the gradients no backward has written yet, by id (one dict
+        # shared by every module of the block); None outside
+        self.unwritten: dict[int, np.ndarray] | None = None
 
     # ------------------------------------------------------------------ registration
     def add_param(self, name: str, value: np.ndarray) -> np.ndarray:
@@ -238,8 +237,7 @@ class Module:
         gradient. Inside :meth:`replacing_grads`, the first value a gradient receives replaces
         what it held (the rest of it, outside ``index``, becomes zero)."""
         grad = self.grads[name]
-        unwritten = _UNWRITTEN.get()
-        if unwritten is not None and unwritten.pop(id(grad), None) is not None:
+        if self.unwritten is not None and self.unwritten.pop(id(grad), None) is not None:
             if index is ...:
                 np.copyto(grad, value)  # 0 + value, without writing the 0 and reading it back
                 return
@@ -252,17 +250,20 @@ class Module:
         them: the first value :meth:`add_grad` gives a gradient replaces it, later ones add.
 
         The gradients then end as ``zero_grad()`` before the block would leave them, bit for
-        bit, without its pass over every gradient: at GPT-2's size 500 MB of zeros written,
-        then read back by the first ``+=`` (PyTorch's ``zero_grad(set_to_none=True)`` spares
-        the same passes). A gradient that no backward wrote in the block is zeroed when it
-        ends. ``Trainer`` runs each step's backward in one.
+        bit, without its pass that writes zeros over every gradient, nor the first ``+=``'s
+        reading them back (PyTorch's ``zero_grad(set_to_none=True)`` spares the same
+        passes). A gradient that no backward wrote in the block is zeroed when it ends.
+        ``Trainer`` runs each step's backward in one.
         """
         unwritten = {id(grad): grad for _, grad in self.parameters()}
-        token = _UNWRITTEN.set(unwritten)
+        modules = [module for _, module in self.named_modules()]
+        for module in modules:
+            module.unwritten = unwritten
         try:
             yield self
         finally:
-            _UNWRITTEN.reset(token)
+            for module in modules:
+                module.unwritten = None
             for grad in unwritten.values():
                 grad[...] = 0
 
