@@ -16,6 +16,11 @@ Tasks, each in a worker process of its own (one implementation, one thread setti
   cache. Ours: ``export.load_hf`` then ``generate(..., greedy=True)``; transformers:
   ``AutoModelForCausalLM.generate(do_sample=False)``. Tokens per second of the 128 (the
   prompt's prefill included, as a user waits for it).
+* ``products 1x128``: the matrix products of a ``step 1x128`` alone, each layer's forward,
+  input gradient and weight gradient (q, k, v, the output projection, the network's two) and
+  the head's, at their own shapes, on random float32 arrays: ours through NumPy (its
+  OpenBLAS), transformers' column through ``torch.matmul``; no twin. The floor that any step
+  on that BLAS stands on.
 * ``step 1x128``, ``step 4x256``: one forward and backward of the cross-entropy at batch x
   context, in training mode (GPT-2's dropouts on). Ours: ``model.loss_and_backward`` in
   ``model.replacing_grads()``, as a ``Trainer`` step runs it; transformers:
@@ -42,7 +47,8 @@ import sys
 import time
 from pathlib import Path
 
-TASKS = {"generate": None, "step 1x128": (1, 128), "step 4x256": (4, 256)}
+TASKS = {"generate": None, "products 1x128": (1, 128), "step 1x128": (1, 128),
+         "step 4x256": (4, 256)}
 IMPLS = ("ours", "transformers", "twin")
 PROMPT, NEW = 64, 128
 FAMILIES = ("gpt2", "llama")
@@ -165,6 +171,43 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def _product_shapes(folder: Path, rows: int) -> list[tuple[int, int, int]]:
+    """(M, K, N) of each linear map of the model at ``folder`` for ``rows`` rows: per layer
+    q, k, v, the output projection, the network's up and down; then the head."""
+    config = json.loads((folder / "config.json").read_text())
+    c = config.get("n_embd", config.get("hidden_size"))
+    f = config.get("n_inner") or config.get("intermediate_size") or 4 * c
+    layers = config.get("n_layer", config.get("num_hidden_layers"))
+    block = [(rows, c, c)] * 4 + [(rows, c, f), (rows, f, c)]
+    return block * layers + [(rows, c, config["vocab_size"])]
+
+
+def _products(folder: Path, task: str, impl: str) -> list[float]:
+    """Seconds of every product of a step's linear maps: out = a w, da = g w^T, dw (as each
+    library's backward makes it: ours a^T g, torch's g^T a)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    batch, length = TASKS[task]
+    arrays = [tuple(rng.standard_normal(shape, dtype=np.float32)
+                    for shape in ((m, k), (k, n), (m, n)))
+              for m, k, n in _product_shapes(folder, batch * length)]
+    if impl == "ours":
+        def run() -> None:
+            for a, w, g in arrays:
+                a @ w, g @ w.T, a.T @ g
+    else:
+        import torch
+
+        tensors = [tuple(map(torch.from_numpy, t)) for t in arrays]
+
+        def run() -> None:
+            for a, w, g in tensors:
+                a @ w, g @ w.T, g.T @ a
+    run()
+    return [_timed(run) for _ in range(3)]
+
+
 def worker(folder: Path, impl: str, task: str, threads: str) -> None:
     """Run one task once and print ``{"seconds": [...], "peak_mb": ...}`` as JSON.
 
@@ -175,7 +218,10 @@ def worker(folder: Path, impl: str, task: str, threads: str) -> None:
 
     reuse_freed_memory()
     _limit_threads(impl, threads)
-    seconds = _ours(folder, task) if impl == "ours" else _torch(folder, task, impl)
+    if task.startswith("products"):
+        seconds = _products(folder, task, impl)
+    else:
+        seconds = _ours(folder, task) if impl == "ours" else _torch(folder, task, impl)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB -> MiB (Linux)
     print(json.dumps({"seconds": seconds, "peak_mb": peak}))
 
@@ -219,7 +265,7 @@ def main() -> None:
             peaks: dict[str, float] = {}
             for _ in range(args.rounds):
                 for impl in IMPLS:
-                    if task == "generate" and impl == "twin":
+                    if impl == "twin" and not task.startswith("step"):
                         continue
                     r = ask(folder, impl, task, threads)
                     results[impl] += r["seconds"]
