@@ -16,11 +16,11 @@ Tasks, each in a worker process of its own (one implementation, one thread setti
   cache. Ours: ``export.load_hf`` then ``generate(..., greedy=True)``; transformers:
   ``AutoModelForCausalLM.generate(do_sample=False)``. Tokens per second of the 128 (the
   prompt's prefill included, as a user waits for it).
-* ``products 1x128``: the matrix products of a ``step 1x128`` alone, each layer's forward,
-  input gradient and weight gradient (q, k, v, the output projection, the network's two) and
-  the head's, at their own shapes, on random float32 arrays: ours through NumPy (its
-  OpenBLAS), transformers' column through ``torch.matmul``; no twin. The floor that any step
-  on that BLAS stands on.
+* ``products 1x128``: the matrix products of a ``step 1x128``'s linear maps alone, each
+  layer's forward, input gradient and weight gradient (q, k, v, the output projection, the
+  network's two) and the head's, at their own shapes (``bench.configs.products``), on random
+  float32 arrays: ours through NumPy (its OpenBLAS), transformers' column through
+  ``torch.matmul``; no twin. The floor that any step on that BLAS stands on.
 * ``step 1x128``, ``step 4x256``: one forward and backward of the cross-entropy at batch x
   context, in training mode (GPT-2's dropouts on). Ours: ``model.loss_and_backward`` in
   ``model.replacing_grads()``, as a ``Trainer`` step runs it; transformers:
@@ -171,39 +171,35 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def _product_shapes(folder: Path, rows: int) -> list[tuple[int, int, int]]:
-    """(M, K, N) of each linear map of the model at ``folder`` for ``rows`` rows: per layer
-    q, k, v, the output projection, the network's up and down; then the head."""
-    config = json.loads((folder / "config.json").read_text())
-    c = config.get("n_embd", config.get("hidden_size"))
-    f = config.get("n_inner") or config.get("intermediate_size") or 4 * c
-    layers = config.get("n_layer", config.get("num_hidden_layers"))
-    block = [(rows, c, c)] * 4 + [(rows, c, f), (rows, f, c)]
-    return block * layers + [(rows, c, config["vocab_size"])]
-
-
 def _products(folder: Path, task: str, impl: str) -> list[float]:
-    """Seconds of every product of a step's linear maps: out = a w, da = g w^T, dw (as each
-    library's backward makes it: ours a^T g, torch's g^T a)."""
+    """Seconds of the products of a step's linear maps (``bench.configs.products``, the
+    three of each map: ``y = x W``, ``dx = dy W^T``, ``dW = x^T dy``), each layer's on arrays
+    of its own, as a step reads each layer's weights afresh."""
     import numpy as np
 
-    rng = np.random.default_rng(0)
+    from numpy_transformer.bench.configs import products
+
+    hf = json.loads((folder / "config.json").read_text())
+    width = hf.get("n_embd", hf.get("hidden_size"))
     batch, length = TASKS[task]
-    arrays = [tuple(rng.standard_normal(shape, dtype=np.float32)
-                    for shape in ((m, k), (k, n), (m, n)))
-              for m, k, n in _product_shapes(folder, batch * length)]
-    if impl == "ours":
-        def run() -> None:
-            for a, w, g in arrays:
-                a @ w, g @ w.T, a.T @ g
-    else:
+    config = dict(model=dict(
+        width=width, heads=1, layers=hf.get("n_layer", hf.get("num_hidden_layers")),
+        ffn_width=hf.get("n_inner") or hf.get("intermediate_size") or 4 * width,
+        vocab=hf["vocab_size"]), batch=batch, context=length)
+    rng = np.random.default_rng(0)
+    pairs = [(rng.standard_normal((p.m, p.k), dtype=np.float32),
+              rng.standard_normal((p.k, p.n), dtype=np.float32))
+             for p in products(config) if p.batch == 1  # the linear maps', not attention's
+             for _ in range(p.count)]
+    if impl != "ours":
         import torch
 
-        tensors = [tuple(map(torch.from_numpy, t)) for t in arrays]
+        pairs = [(torch.from_numpy(a), torch.from_numpy(b)) for a, b in pairs]
 
-        def run() -> None:
-            for a, w, g in tensors:
-                a @ w, g @ w.T, g.T @ a
+    def run() -> None:
+        for a, b in pairs:
+            a @ b
+
     run()
     return [_timed(run) for _ in range(3)]
 

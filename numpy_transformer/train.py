@@ -115,9 +115,10 @@ class Trainer:
         without that method is zeroed first).
         """
         replacing = getattr(self.model, "replacing_grads", None)
-        if replacing is None:
+        if replacing is None:  # a model of another making: zeroed first
             self.model.zero_grad()
-        with contextlib.nullcontext() if replacing is None else replacing():
+            replacing = contextlib.nullcontext
+        with replacing():
             fused = getattr(self.model, "loss_and_backward", None)
             if fused is not None:
                 return fused(*batch.inputs, targets=batch.targets, mask=batch.mask)
