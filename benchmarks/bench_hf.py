@@ -172,12 +172,10 @@ def _timed(fn) -> float:
 
 
 def _products(folder: Path, task: str, impl: str) -> list[float]:
-    """Seconds of the products of a step's linear maps (``bench.configs.products``, the
-    three of each map: ``y = x W``, ``dx = dy W^T``, ``dW = x^T dy``), each layer's on arrays
-    of its own, as a step reads each layer's weights afresh."""
-    import numpy as np
-
-    from numpy_transformer.bench.configs import products
+    """Seconds of the products of a step's linear maps (``bench.sgemm.linear_operands``: the
+    three of each map, ``y = x W``, ``dx = dy W^T``, ``dW = x^T dy``, each layer's on arrays
+    of its own, as a step reads each layer's weights afresh)."""
+    from numpy_transformer.bench.sgemm import linear_operands
 
     hf = json.loads((folder / "config.json").read_text())
     width = hf.get("n_embd", hf.get("hidden_size"))
@@ -186,15 +184,7 @@ def _products(folder: Path, task: str, impl: str) -> list[float]:
         width=width, heads=1, layers=hf.get("n_layer", hf.get("num_hidden_layers")),
         ffn_width=hf.get("n_inner") or hf.get("intermediate_size") or 4 * width,
         vocab=hf["vocab_size"]), batch=batch, context=length)
-    rng = np.random.default_rng(0)
-    pairs = [(rng.standard_normal((p.m, p.k), dtype=np.float32),
-              rng.standard_normal((p.k, p.n), dtype=np.float32))
-             for p in products(config) if p.batch == 1  # the linear maps', not attention's
-             for _ in range(p.count)]
-    if impl != "ours":
-        import torch
-
-        pairs = [(torch.from_numpy(a), torch.from_numpy(b)) for a, b in pairs]
+    pairs = linear_operands(config, "numpy" if impl == "ours" else "torch")
 
     def run() -> None:
         for a, b in pairs:

@@ -112,3 +112,28 @@ def test_a_busy_machine_is_warned_about_in_one_line():
     assert real_machine.busy_line(0.0) is None
     line = real_machine.busy_line(1.5)
     assert "\n" not in line and "busy" in line and "not comparable" in line
+
+
+def test_products_variants_time_numpys_and_torchs_products():
+    kinds = {v[1] for v in train_step.variants_for([2], numpy=False, products=True)}
+    assert {"numpy-products", "torch-products"} <= kinds
+    kinds = {v[1] for v in train_step.variants_for([2], numpy=False, torch=False, products=True)}
+    assert kinds == {"numba", "numpy-products"}
+
+
+@pytest.mark.parametrize("name", ["chapter", "lstm"])
+def test_linear_operands_are_the_linear_maps_products(name):
+    """One pair per product of a linear map, each on arrays of its own, of the shapes and the
+    FLOPs that configs.products counts for them (attention's left out)."""
+    from numpy_transformer.bench.sgemm import linear_operands
+
+    config = configs.CONFIGS[name]
+    pairs = linear_operands(config)
+    linear = [p for p in configs.products(config) if p.batch == 1]
+    assert len(pairs) == sum(p.count for p in linear)
+    assert len({id(a) for a, _ in pairs} | {id(b) for _, b in pairs}) == 2 * len(pairs)
+    assert sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for a, b in pairs) == \
+        sum(p.flops for p in linear)
+    assert all(a.shape[1] == b.shape[0] and a.dtype == b.dtype == "float32" for a, b in pairs)
+    if name == "chapter":
+        assert configs.step_flops(config) > sum(p.flops for p in linear)  # attention's rest

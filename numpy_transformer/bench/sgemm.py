@@ -5,6 +5,8 @@ BLAS multiplies float32 matrices bounds the effective GFLOP/s of a step (what
 :func:`numpy_transformer.bench.configs.step_flops` counts, divided by the step's time).
 
 * :func:`sgemm_gflops`: two large square matrices, the BLAS's best case.
+* :func:`linear_operands`: the operands of a step's linear maps' products, each on arrays of
+  its own, for timing them as the step meets them, NumPy's BLAS beside PyTorch's.
 * :func:`products_gflops`: the step's own shapes (:func:`.configs.products`), each timed (on
   the given threads or on one, whichever is faster) and weighted by its FLOPs: the rate of a
   step that did nothing but its products. Small or thin
@@ -120,3 +122,26 @@ def products_gflops(config: dict, threads: int, repeats: int = 5) -> float:
     """
     timed = product_seconds(config, threads, repeats)
     return sum(p.flops for p, _ in timed) / sum(s for _, s in timed) / 1e9
+
+
+def linear_operands(config: dict, framework: str = "numpy") -> list[tuple]:
+    """``(a, b)`` pairs, one per product ``a @ b`` of the linear maps of one training step of
+    ``config`` (every product of :func:`.configs.products` but attention's), float32 random.
+
+    Each product has arrays of its own, as a step meets each layer's weights and activations
+    afresh: timing them all in turn gives the time the step's linear maps need at the rate
+    of ``framework`` (``"numpy"``, or ``"torch"``: the same numbers as tensors for
+    ``torch.matmul``). Attention's products, causal and batched over heads, are left out: a
+    step cannot take less time than these alone.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    pairs = [(rng.standard_normal((p.m, p.k), dtype=np.float32),
+              rng.standard_normal((p.k, p.n), dtype=np.float32))
+             for p in products(config) if p.batch == 1 for _ in range(p.count)]
+    if framework == "torch":
+        import torch
+
+        return [(torch.from_numpy(a), torch.from_numpy(b)) for a, b in pairs]
+    return pairs

@@ -35,7 +35,11 @@ Variants, each in its own worker process (so thread pools and resident memory ar
   ``F.scaled_dot_product_attention(is_causal=True)``, PyTorch's fused CPU kernel: what a
   PyTorch user would write, and the baseline of the ratios;
 * ``torch twin``: the twin unchanged; its attention is written out (``softmax(q k^T) v`` with
-  ``masked_fill``), as a reader's first PyTorch version would be.
+  ``masked_fill``), as a reader's first PyTorch version would be;
+* with ``--products``, ``products`` and ``torch products``: no model, only the matrix products
+  of the step's linear maps, each on arrays of its own (:func:`.sgemm.linear_operands`),
+  through NumPy's BLAS and through ``torch.matmul``. Their ratio to ``torch sdpa`` is the
+  floor that NumPy's BLAS puts under ours: no step of ours can take less.
 
 "threads" means, for ours, ``numba.set_num_threads(n)`` and ``OPENBLAS_NUM_THREADS=n`` (set in
 the worker's environment before NumPy loads; the ``numba, BLAS 1`` rows keep BLAS at one
@@ -173,12 +177,35 @@ def _torch_step(config: dict, threads: int, fused: bool):
     return step
 
 
+def _products_step(config: dict, framework: str, threads: int):
+    """A "step" that makes the products of a step's linear maps and nothing else."""
+    from ..threads import set_blas_threads
+    from .sgemm import linear_operands
+
+    if framework == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+    else:
+        set_blas_threads(threads)
+    pairs = linear_operands(config, framework)
+
+    def step(i: int) -> float:
+        for a, b in pairs:
+            a @ b
+        return float("nan")  # no loss
+
+    return step
+
+
 def worker(variant: str, config_name: str, threads: int) -> None:
     """Serve one variant on stdin/stdout: a line ``n`` times n steps, ``-1`` ends."""
     import resource
 
     config = CONFIGS[config_name]
-    if variant.startswith("torch"):
+    if variant.endswith("products"):
+        step = _products_step(config, variant.split("-")[0], threads)
+    elif variant.startswith("torch"):
         step = _torch_step(config, threads, fused=variant == "torch-sdpa")
     else:
         step = _ours_step(config, variant, threads)
@@ -266,11 +293,17 @@ class Worker:
 
 
 def variants_for(threads: list[int], numpy: bool = True, torch: bool = True,
-                 attention: bool = True) -> list[tuple]:
+                 attention: bool = True, products: bool = False) -> list[tuple]:
     """``(label, variant, threads, BLAS threads)`` of every worker of a run (``attention``:
-    the model has attention, so PyTorch's fused ``F.sdpa`` is a variant)."""
+    the model has attention, so PyTorch's fused ``F.sdpa`` is a variant; ``products``: the
+    linear maps' products alone, NumPy's and, with ``torch``, PyTorch's)."""
     variants = []
     for n in threads:
+        if products:
+            variants.append((f"linear maps' products, NumPy, {n} thr", "numpy-products", n, n))
+            if torch:
+                variants.append((f"linear maps' products, torch, {n} thr", "torch-products",
+                                 n, n))
         variants.append((f"ours numba, {n} thr", "numba", n, n))
         if n > 1:
             variants.append((f"ours numba, {n} thr, BLAS 1", "numba", n, 1))
@@ -346,10 +379,11 @@ def print_table(config: str, workers: list[Worker], sgemm: dict[int, list[float]
         ratios = [f"{med / ref[w.threads]:.2f}" if w.threads in ref else "-"
                   for ref in (fused, twin)]
         gflops = flops / med / 1e9
+        rate = ("- | - | -" if w.variant.endswith("products") else  # not a step: no model
+                f"{tokens / med:,.0f} | {gflops:.1f} | {gflops / median(shapes[w.threads]):.2f}")
         print(f"| {w.label} | {w.threads}, {w.blas} | {1e3 * med:.1f} | "
-              f"{1e3 * min(w.times):.1f} | {ratios[0]} | {ratios[1]} | {tokens / med:,.0f} | "
-              f"{gflops:.1f} | {gflops / median(shapes[w.threads]):.2f} | {w.rss_mib:.0f} | "
-              f"{w.first_loss:.5f} |")
+              f"{1e3 * min(w.times):.1f} | {ratios[0]} | {ratios[1]} | {rate} | "
+              f"{w.rss_mib:.0f} | {w.first_loss:.5f} |")
 
     def rates(measured: dict[int, list[float]]) -> str:
         return "; ".join(f"{n} thr {' / '.join(f'{g:.0f}' for g in r)}"
@@ -373,6 +407,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-numpy", action="store_true", help="skip the numpy backend")
     parser.add_argument("--no-twin", action="store_true",
                         help="skip PyTorch with hand-written attention")
+    parser.add_argument("--products", action="store_true",
+                        help="also time the linear maps' products alone, NumPy's and torch's")
     parser.add_argument("--quick", action="store_true", help="2 warm-up + 6 steps, 1 thread")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -386,7 +422,8 @@ def main(argv: list[str] | None = None) -> None:
     from .sgemm import products_gflops, sgemm_gflops
 
     variants = variants_for(threads, numpy=not args.no_numpy, torch=torch_installed(),
-                            attention=model_kind(CONFIGS[args.config]) == "transformer")
+                            attention=model_kind(CONFIGS[args.config]) == "transformer",
+                            products=args.products)
     if args.no_twin:
         variants = [v for v in variants if v[1] != "torch"]
     print("\n".join(machine_lines()), flush=True)

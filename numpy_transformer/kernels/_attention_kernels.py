@@ -331,13 +331,16 @@ def _queries_product(e_t, x, out, i0, n, t_q, t_k, causal, fn):
 
 @njit(parallel=True, **_JIT)
 def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, bias, bstr,
-                         has_bias, drop, dstr, has_drop, n_threads, fn, out, lse):
+                         has_bias, drop, dstr, has_drop, n_threads, fn, copy_q, copy_kv,
+                         q_own, k_own, v_own, out, lse):
     # pragma: no cover - compiled
     # Equations (1)-(5) of functional/attention.sdpa_forward, one query block per work item.
-    # q: (B, H, T_q, D) any strides (the wrapper's C-contiguous copy), k, v: (B, H, T_k, D)
-    # C-contiguous -> out: (B, T_q, H, D) C-contiguous (the caller returns its (B, H, T_q, D)
-    # view: a C array, whatever T_q, so decoding one token at a time calls the kernel
-    # compiled for training), lse: (B, H, T_q) float64
+    # q: (B, H, T_q, D), k, v: (B, H, T_k, D), all C-contiguous -> out: (B, T_q, H, D)
+    # C-contiguous (the caller returns its (B, H, T_q, D) view: a C array, whatever T_q, so
+    # decoding one token at a time calls the kernel compiled for training), lse: (B, H, T_q)
+    # float64. With copy_q, q_own = q, and with copy_kv, k_own = k and v_own = v: the cache's
+    # copies, each item copying what it reads (its query rows; block 0 its head's keys and
+    # values), on every thread while the rows are in cache
     n_b, heads, t_q, d = q.shape
     t_k = k.shape[2]
     n_blk = (t_q + _BLOCK_Q - 1) // _BLOCK_Q
@@ -350,12 +353,18 @@ def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, b
     o_scratch = np.empty((n_threads, _BLOCK_Q * d), q.dtype)  # out, before the 1 / z
     m_scratch = np.empty((n_threads, _BLOCK_Q), q.dtype)  # row max
     z_scratch = np.empty((n_threads, _BLOCK_Q))
+    one = q.dtype.type(1)
     for item in prange(n_b * heads * n_blk):
         b, blk, h = item // (heads * n_blk), (item // heads) % n_blk, item % heads
         i0 = blk * _BLOCK_Q
         i1 = min(i0 + _BLOCK_Q, t_q)
         n = i1 - i0
         # rows' visible key ranges only grow with i, so the last row's bounds the block's
+        if copy_q:
+            _copy_rows(q[b, h, i0:i1], n, one, q_own[b, h, i0:i1])
+        if copy_kv and blk == 0:
+            _copy_rows(k[b, h], t_k, one, k_own[b, h])
+            _copy_rows(v[b, h], t_k, one, v_own[b, h])
         k_hi = _key_end(i1 - 1, b, t_q, t_k, causal, kv_len)
         if k_hi == 0:
             out[b, i0:i1, h] = 0.0
@@ -439,7 +448,8 @@ def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, 
                           n_chunks, fn, dq, dk, dv, dk_part, dv_part):
     # pragma: no cover - compiled
     # Backward of (5)-(1) with p rebuilt from lse; mirrors functional/attention.sdpa_backward.
-    # dout: (B, H, T_q, D) C-contiguous (the wrapper's); q, out: (B, H, T_q, D), any
+    # dout: (B, T_q, H, D) C-contiguous, the memory order the forward writes out in (the
+    # wrapper's; the model's merged heads as they lie); q, out: (B, H, T_q, D), any
     # strides; k, v: (B, H, T_k, D) C-contiguous (the forward's); lse: (B, H, T_q)
     # -> dq: (B, H, T_q, D), dk, dv: (B, H, T_k, D), any strides. With n_chunks > 1 a head's
     # query blocks are shared out: chunk c leaves its sums in dk_part, dv_part[b, h, c]
@@ -468,8 +478,8 @@ def _sdpa_backward_kernel(dout, q, k, v, out, lse, scale, causal, kv_len, mask, 
                 continue
             qs = _gathered(q[b, h, i0:i1], n, scale, qs_scratch[tid, 0])  # (n, D) q * scale
             qs_t = _gathered_t(q[b, h, i0:i1], n, scale, qs_scratch[tid, 1])  # (D, n)
-            do_blk = _gathered(dout[b, h, i0:i1], n, one, do_scratch[tid, 0])  # (n, D)
-            do_t = _gathered_t(dout[b, h, i0:i1], n, one, do_scratch[tid, 1])  # (D, n)
+            do_blk = _gathered(dout[b, i0:i1, h], n, one, do_scratch[tid, 0])  # (n, D)
+            do_t = _gathered_t(dout[b, i0:i1, h], n, one, do_scratch[tid, 1])  # (D, n)
             lse_hi, lse_lo, delta = row_scratch[tid, 0], row_scratch[tid, 1], row_scratch[tid, 2]
             _row_terms(lse[b, h, i0:i1], do_blk, out[b, h, i0:i1], n, lse_hi, lse_lo, delta)
             p_t = p_scratch[tid, :k_hi * n].reshape((k_hi, n))

@@ -8,9 +8,10 @@ readable reference, and every kernel below is checked against it in
 * ``dq, dk, dv = sdpa_backward(dout, cache)``
 
 q, k, v and dout may have any strides. The forward copies q, k and v into C-contiguous arrays
-its cache owns (the caller may write into its own before the backward; keys and values, which
-every query block reads whole, are then read as they lie), and so are the parts of a general
-mask and of a bias it keeps. The outputs are (B, H, T, D) views of memory laid out
+its cache owns (the caller may write into its own before the backward); the kernel makes the
+copies itself, each work item those of the rows it reads, so that they cost a parallel pass
+over rows already in cache instead of three serial ones beforehand. The parts of a general
+mask and of a bias it keeps are copies too. The outputs are (B, H, T, D) views of memory laid out
 (B, T, H, D), so that merging the heads afterwards is a free reshape.
 
 The reference keeps the whole (B, H, T_q, T_k) probability tensor for its backward pass. This
@@ -102,14 +103,20 @@ class SDPAKernelCache(NamedTuple):
     has_dropout: bool
 
 
-def _own_heads(x: np.ndarray, heads: int) -> np.ndarray:
-    """(0) A C-contiguous copy of x (B, H_kv, T, D) with one head per query head, (B, H, T, D).
+def _heads_of(x: np.ndarray, heads: int) -> np.ndarray:
+    """(0) x (B, H_kv, T, D) with one head per query head, (B, H, T, D), C-contiguous: the
+    reference's ``repeat_kv``, a new array unless H_kv = H, when it is x (copied only if x is
+    not C-contiguous)."""
+    return np.ascontiguousarray(repeat_kv(x, heads))
 
-    The cache owns it: the reference's ``repeat_kv`` makes a new array, or is x itself when
-    H_kv = H, which is then copied.
-    """
-    y = repeat_kv(x, heads)
-    return np.array(x, order="C") if y is x else np.ascontiguousarray(y)
+
+def _owned(q, k, v, keep: bool, one_per_head: bool) -> tuple:
+    """``(copy_q, copy_kv, (q_own, k_own, v_own))``: the cache owns what it keeps, so with
+    ``keep`` the kernel copies q into an empty q_own, and k and v unless (0) made them (H_kv <
+    H, ``one_per_head`` False); whatever is not copied is its own array."""
+    copy_q, copy_kv = keep, keep and one_per_head
+    return copy_q, copy_kv, (np.empty_like(q) if copy_q else q,
+                             *((np.empty_like(k), np.empty_like(v)) if copy_kv else (k, v)))
 
 
 def _decode_step(q, k, v, mask, bias, scale) -> np.ndarray:
@@ -177,23 +184,23 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None, *, kee
     mask_flat, mstr, has_mask = _flat_with_strides(rest, np.bool_)
     bias_flat, bstr, has_bias = _flat_with_strides(bias, q.dtype)
     drop_flat, dstr, has_drop = _flat_with_strides(dropout, q.dtype)
-    # the cache owns q, k, v: C-contiguous copies (keys and values are read whole by every
-    # query block, as they lie), whatever the caller's strides, so one compiled signature;
-    # k and v with one head per query head, (0)
-    q, k, v = np.array(q, order="C"), _own_heads(k, h), _own_heads(v, h)
+    # C-contiguous q, k, v (a copy only where the caller's are not), whatever the caller's
+    # strides, so one compiled signature; k and v with one head per query head, (0)
+    q, k, v = np.ascontiguousarray(q), _heads_of(k, h), _heads_of(v, h)
+    copy_q, copy_kv, (q_own, k_own, v_own) = _owned(q, k, v, keep, kv_heads == h)
     out = _heads_view(b, h, t_q, d, q.dtype)  # (B, H, T_q, D)
     lse = np.empty((b, h, t_q), dtype=np.float64)  # (B, H, T_q)
     with blas_on_calling_thread(), numba.parallel_chunksize(h):
         # the kernel writes the memory's own (B, T_q, H, D) order
         _sdpa_forward_kernel(q, k, v, q.dtype.type(scale), causal, kv_len, mask_flat, mstr,
                              has_mask, bias_flat, bstr, has_bias, drop_flat, dstr, has_drop,
-                             numba.get_num_threads(), gemm_address(q.dtype),
-                             out.transpose(0, 2, 1, 3), lse)
+                             numba.get_num_threads(), gemm_address(q.dtype), copy_q, copy_kv,
+                             q_own, k_own, v_own, out.transpose(0, 2, 1, 3), lse)
     if not keep:
         return out, None
-    cache = SDPAKernelCache(q, k, v, out, lse, scale, (b, h, t_q, t_k, d), causal, kv_len,
-                            mask_flat, mstr, has_mask, bias_flat, bstr, has_bias, kv_heads,
-                            drop_flat, dstr, has_drop)
+    cache = SDPAKernelCache(q_own, k_own, v_own, out, lse, scale, (b, h, t_q, t_k, d), causal,
+                            kv_len, mask_flat, mstr, has_mask, bias_flat, bstr, has_bias,
+                            kv_heads, drop_flat, dstr, has_drop)
     return out, cache
 
 
@@ -242,9 +249,11 @@ def sdpa_backward(dout, cache: SDPAKernelCache):
     check_sdpa_grads(dout, cache.q)
     b, h, t_q, t_k, d = cache.shape
     dtype = cache.q.dtype
-    # C-contiguous and writeable, whatever the caller passes (a merged-heads view, a
-    # read-only array): one signature of the kernel, whose gathers of dout compiled twice
-    dout = np.ascontiguousarray(dout) if dout.flags.writeable else dout.copy()
+    # (B, T_q, H, D), C-contiguous and writeable whatever the caller passes: one signature
+    # of the kernel. The model's dout, its merged heads' gradient split by head, is such an
+    # array seen (B, H, T_q, D): then nothing is copied
+    dout = np.ascontiguousarray(dout.transpose(0, 2, 1, 3))
+    dout = dout if dout.flags.writeable else dout.copy()
     # at least _BACKWARD_ITEMS work items where the query blocks allow: one chunk per head
     # unless there are few heads. A count of the shape alone, not of the threads: the chunks'
     # sums then give the same bits on any thread count

@@ -63,7 +63,7 @@ from ..functional.linear import (
 )
 from ..ownership import kept
 from ..threads import FEW_ROWS, blas_on_calling_thread
-from ._jit import jit_options
+from ._jit import helper, jit_options
 from ._validate import check_cache, check_consistent, check_kernel_float
 from .blas import gemm, gemm_address
 
@@ -102,15 +102,29 @@ def _chunks(n: int) -> int:
     return min(_MAX_CHUNKS, max(2, n // _CHUNK_ROWS))
 
 
+@helper(_JIT)
+def _own_chunk(x, lo, hi, copy_x, x_own):
+    # x_own[lo:hi] = x[lo:hi] with copy_x (the cache's copy, made while the chunk is read
+    # anyway); returns the chunk of x_own.  x, x_own: (N, C_in)
+    xc = x_own[lo:hi]
+    if copy_x:
+        for i in range(hi - lo):
+            for j in range(xc.shape[1]):
+                xc[i, j] = x[lo + i, j]
+    return xc
+
+
 @njit(parallel=True, **_JIT)
-def _forward_kernel(x, w, b, has_bias, n_chunks, gemm_fn, out):  # pragma: no cover
-    # (1) out = x w + b, chunk by chunk.  x: (N, C_in), w: (C_in, C_out), out: (N, C_out)
+def _forward_kernel(x, w, b, has_bias, n_chunks, gemm_fn, copy_x, x_own, out):
+    # pragma: no cover - compiled
+    # (1) out = x w + b, chunk by chunk.  x, x_own: (N, C_in), w: (C_in, C_out),
+    # out: (N, C_out); x_own = x (the cache's copy) with copy_x, else x_own is x
     n = x.shape[0]
     step = -(-n // n_chunks)
     for c in prange(n_chunks):
         lo, hi = c * step, min(n, (c + 1) * step)
         o = out[lo:hi]
-        gemm(x[lo:hi], w, o, gemm_fn)  # (1) x w
+        gemm(_own_chunk(x, lo, hi, copy_x, x_own), w, o, gemm_fn)  # (1) x w
         if has_bias:
             for i in range(hi - lo):
                 for j in range(o.shape[1]):
@@ -118,11 +132,12 @@ def _forward_kernel(x, w, b, has_bias, n_chunks, gemm_fn, out):  # pragma: no co
 
 
 @njit(parallel=True, **_JIT)
-def _forward_heads_kernel(x, w, b, has_bias, n_chunks, n_threads, gemm_fn, out):
-    # pragma: no cover - compiled
+def _forward_heads_kernel(x, w, b, has_bias, n_chunks, n_threads, gemm_fn, copy_x, x_own,
+                          out):  # pragma: no cover - compiled
     # (1) y = x w + b chunk by chunk into per-thread scratch, then each chunk's columns laid
     # out by head: out[s, b, h, t] = y[b T + t, (s H + h) D : (s H + h + 1) D].
-    # x: (N, C_in) with N = B T, w: (C_in, S H D), out: (S, B, H, T, D)
+    # x, x_own: (N, C_in) with N = B T (x_own = x with copy_x, as _forward_kernel),
+    # w: (C_in, S H D), out: (S, B, H, T, D)
     n, width = x.shape[0], w.shape[1]
     groups, heads, t_len, d = out.shape[0], out.shape[2], out.shape[3], out.shape[4]
     step = -(-n // n_chunks)
@@ -130,7 +145,7 @@ def _forward_heads_kernel(x, w, b, has_bias, n_chunks, n_threads, gemm_fn, out):
     for c in prange(n_chunks):
         lo, hi = c * step, min(n, (c + 1) * step)
         y = scratch[numba.get_thread_id(), :(hi - lo) * width].reshape((hi - lo, width))
-        gemm(x[lo:hi], w, y, gemm_fn)  # (1) x w
+        gemm(_own_chunk(x, lo, hi, copy_x, x_own), w, y, gemm_fn)  # (1) x w
         for s in range(groups):
             for h in range(heads):
                 col = (s * heads + h) * d
@@ -222,17 +237,18 @@ def _check_inputs(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> None:
 
 def _operands(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, new_w: bool = False,
               keep: bool = True):
-    """``(x2, w, bias, has_bias)`` for the forward kernels: x as C-contiguous (N, C_in), all in
-    NumPy's promoted dtype of ``x @ w + b``; without a bias, ``w[0]`` is an unused stand-in.
-    With ``keep`` the cache keeps x2 and w: the caller's w is ``kept``, a ``new_w`` (made by
-    the caller) only cast; without, nothing is copied that need not be."""
+    """``(x2, copy_x, x_own, w, bias, has_bias)`` for the forward kernels: x as C-contiguous
+    (N, C_in), all in NumPy's promoted dtype of ``x @ w + b``; without a bias, ``w[0]`` is an
+    unused stand-in. With ``keep`` the cache keeps x_own and w: the caller's w is ``kept``, a
+    ``new_w`` (made by the caller) only cast; x_own is x2 when that is a new array, else an
+    empty one that the kernel fills (``copy_x``). Without, nothing is copied that need not be."""
     has_bias = b is not None
     dtype = np.result_type(x, w, *((b,) if has_bias else ()))
     x2 = np.ascontiguousarray(x).reshape(-1, w.shape[0]).astype(dtype, copy=False)
-    if keep and np.may_share_memory(x2, x):  # the cache keeps x2: not the caller's x
-        x2 = x2.copy()
+    copy_x = keep and np.may_share_memory(x2, x)  # the cache keeps x_own: not the caller's x
+    x_own = np.empty_like(x2) if copy_x else x2
     w = w.astype(dtype, copy=False) if new_w or not keep else kept(w, dtype)  # ownership.py
-    return x2, w, (b.astype(dtype, copy=False) if has_bias else w[0]), has_bias
+    return x2, copy_x, x_own, w, (b.astype(dtype, copy=False) if has_bias else w[0]), has_bias
 
 
 def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *,
@@ -242,13 +258,14 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *,
     if _use_reference(x.size // w.shape[0]):  # the reference's product; its cache as ours
         out, _ = reference.linear_forward(x, w, b, keep=False)
         return out, LinearCache(x.copy(), kept(w), b is not None) if keep else None
-    x2, w, bias, has_bias = _operands(x, w, b, keep=keep)  # x2: (N, C_in), w: the cache's
+    # x2, x_own: (N, C_in), w: the cache's
+    x2, copy_x, x_own, w, bias, has_bias = _operands(x, w, b, keep=keep)
     out = np.empty((x2.shape[0], w.shape[1]), dtype=w.dtype)  # (N, C_out)
     with blas_on_calling_thread():
         _forward_kernel(x2, w, bias, has_bias, _chunks(x2.shape[0]), gemm_address(w.dtype),
-                        out)
+                        copy_x, x_own, out)
     out = out.reshape(x.shape[:-1] + (w.shape[1],))
-    return out, LinearCache(x2.reshape(x.shape), w, has_bias) if keep else None
+    return out, LinearCache(x_own.reshape(x.shape), w, has_bias) if keep else None
 
 
 def linear_backward(dout: np.ndarray, cache: LinearCache):
@@ -306,17 +323,20 @@ def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int,
     bsz, t, _ = x.shape
     w = np.concatenate(ws, axis=1)  # (C_in, S C): the weights side by side, one product
     b = None if bs is None else np.concatenate(bs)  # (S C,)
-    x2, w, bias, has_bias = _operands(x, w, b, new_w=True)  # x2: (N, C_in)
+    # x2, x_own: (N, C_in)
+    x2, copy_x, x_own, w, bias, has_bias = _operands(x, w, b, new_w=True, keep=keep)
     groups, c = len(ws), ws[0].shape[1]
     out = np.empty((groups, bsz, heads, t, c // heads), dtype=w.dtype)  # (S, B, H, T, D)
     with blas_on_calling_thread():
         _forward_heads_kernel(x2, w, bias, has_bias, _chunks(x2.shape[0]),
-                              numba.get_num_threads(), gemm_address(w.dtype), out)
+                              numba.get_num_threads(), gemm_address(w.dtype), copy_x, x_own,
+                              out)
     if not keep:
         return tuple(out), None
     # the cache keeps the S weights, which the backward puts side by side again
     own_ws = tuple(kept(wi, w.dtype) for wi in ws)
-    return tuple(out), HeadsKernelCache(x2.reshape(x.shape), own_ws, has_bias, groups, heads)
+    return tuple(out), HeadsKernelCache(x_own.reshape(x.shape), own_ws, has_bias, groups,
+                                        heads)
 
 
 def linear_heads_backward(dys: tuple, cache):
