@@ -359,12 +359,12 @@ def _sdpa_forward_kernel(q, k, v, scale, causal, kv_len, mask, mstr, has_mask, b
         i0 = blk * _BLOCK_Q
         i1 = min(i0 + _BLOCK_Q, t_q)
         n = i1 - i0
-        # rows' visible key ranges only grow with i, so the last row's bounds the block's
-        if copy_q:
+        if copy_q:  # the cache's copies (the wrapper's flags)
             _copy_rows(q[b, h, i0:i1], n, one, q_own[b, h, i0:i1])
         if copy_kv and blk == 0:
             _copy_rows(k[b, h], t_k, one, k_own[b, h])
             _copy_rows(v[b, h], t_k, one, v_own[b, h])
+        # rows' visible key ranges only grow with i, so the last row's bounds the block's
         k_hi = _key_end(i1 - 1, b, t_q, t_k, causal, kv_len)
         if k_hi == 0:
             out[b, i0:i1, h] = 0.0

@@ -11,8 +11,9 @@ q, k, v and dout may have any strides. The forward copies q, k and v into C-cont
 its cache owns (the caller may write into its own before the backward); the kernel makes the
 copies itself, each work item those of the rows it reads, so that they cost a parallel pass
 over rows already in cache instead of three serial ones beforehand. The parts of a general
-mask and of a bias it keeps are copies too. The outputs are (B, H, T, D) views of memory laid out
-(B, T, H, D), so that merging the heads afterwards is a free reshape.
+mask and of a bias it keeps are copies too. The outputs are (B, H, T, D) views of memory laid
+out (B, T, H, D), so that merging the heads afterwards is a free reshape; the backward reads
+dout in that order, so the model's gradient of the merged heads is read where it lies.
 
 The reference keeps the whole (B, H, T_q, T_k) probability tensor for its backward pass. This
 kernel keeps only one number per query row, the log-sum-exp ``lse = m + log(sum_j exp(s_j - m))``,
