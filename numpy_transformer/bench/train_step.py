@@ -178,16 +178,14 @@ def _torch_step(config: dict, threads: int, fused: bool):
 
 
 def _products_step(config: dict, framework: str, threads: int):
-    """A "step" that makes the products of a step's linear maps and nothing else."""
-    from ..threads import set_blas_threads
+    """A "step" that makes the products of a step's linear maps and nothing else (NumPy's BLAS
+    threads: the worker's ``OPENBLAS_NUM_THREADS``)."""
     from .sgemm import linear_operands
 
     if framework == "torch":
         import torch
 
         torch.set_num_threads(threads)
-    else:
-        set_blas_threads(threads)
     pairs = linear_operands(config, framework)
 
     def step(i: int) -> float:

@@ -112,12 +112,12 @@ def _heads_of(x: np.ndarray, heads: int) -> np.ndarray:
 
 
 def _owned(q, k, v, keep: bool, one_per_head: bool) -> tuple:
-    """``(copy_q, copy_kv, (q_own, k_own, v_own))``: the cache owns what it keeps, so with
-    ``keep`` the kernel copies q into an empty q_own, and k and v unless (0) made them (H_kv <
-    H, ``one_per_head`` False); whatever is not copied is its own array."""
-    copy_q, copy_kv = keep, keep and one_per_head
-    return copy_q, copy_kv, (np.empty_like(q) if copy_q else q,
-                             *((np.empty_like(k), np.empty_like(v)) if copy_kv else (k, v)))
+    """``(q_own, k_own, v_own)``, what the cache keeps: it owns them, so with ``keep`` empty
+    arrays that the kernel fills with copies of q, and of k and v unless (0) made them (H_kv <
+    H, ``one_per_head`` False); an array that is not copied is passed as it is."""
+    copy_kv = keep and one_per_head
+    return (np.empty_like(q) if keep else q,
+            *((np.empty_like(k), np.empty_like(v)) if copy_kv else (k, v)))
 
 
 def _decode_step(q, k, v, mask, bias, scale) -> np.ndarray:
@@ -188,15 +188,16 @@ def sdpa_forward(q, k, v, mask=None, bias=None, scale=None, dropout=None, *, kee
     # C-contiguous q, k, v (a copy only where the caller's are not), whatever the caller's
     # strides, so one compiled signature; k and v with one head per query head, (0)
     q, k, v = np.ascontiguousarray(q), _heads_of(k, h), _heads_of(v, h)
-    copy_q, copy_kv, (q_own, k_own, v_own) = _owned(q, k, v, keep, kv_heads == h)
+    q_own, k_own, v_own = _owned(q, k, v, keep, kv_heads == h)
     out = _heads_view(b, h, t_q, d, q.dtype)  # (B, H, T_q, D)
     lse = np.empty((b, h, t_q), dtype=np.float64)  # (B, H, T_q)
     with blas_on_calling_thread(), numba.parallel_chunksize(h):
         # the kernel writes the memory's own (B, T_q, H, D) order
         _sdpa_forward_kernel(q, k, v, q.dtype.type(scale), causal, kv_len, mask_flat, mstr,
                              has_mask, bias_flat, bstr, has_bias, drop_flat, dstr, has_drop,
-                             numba.get_num_threads(), gemm_address(q.dtype), copy_q, copy_kv,
-                             q_own, k_own, v_own, out.transpose(0, 2, 1, 3), lse)
+                             numba.get_num_threads(), gemm_address(q.dtype), q_own is not q,
+                             k_own is not k, q_own, k_own, v_own, out.transpose(0, 2, 1, 3),
+                             lse)
     if not keep:
         return out, None
     cache = SDPAKernelCache(q_own, k_own, v_own, out, lse, scale, (b, h, t_q, t_k, d), causal,

@@ -237,18 +237,19 @@ def _check_inputs(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> None:
 
 def _operands(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, new_w: bool = False,
               keep: bool = True):
-    """``(x2, copy_x, x_own, w, bias, has_bias)`` for the forward kernels: x as C-contiguous
-    (N, C_in), all in NumPy's promoted dtype of ``x @ w + b``; without a bias, ``w[0]`` is an
-    unused stand-in. With ``keep`` the cache keeps x_own and w: the caller's w is ``kept``, a
+    """``(x2, x_own, w, bias, has_bias)`` for the forward kernels: x as C-contiguous (N, C_in),
+    all in NumPy's promoted dtype of ``x @ w + b``; without a bias, ``w[0]`` is an unused
+    stand-in. With ``keep`` the cache keeps x_own and w: the caller's w is ``kept``, a
     ``new_w`` (made by the caller) only cast; x_own is x2 when that is a new array, else an
-    empty one that the kernel fills (``copy_x``). Without, nothing is copied that need not be."""
+    empty one that the kernel fills (``copy_x = x_own is not x2``). Without, nothing is
+    copied that need not be."""
     has_bias = b is not None
     dtype = np.result_type(x, w, *((b,) if has_bias else ()))
     x2 = np.ascontiguousarray(x).reshape(-1, w.shape[0]).astype(dtype, copy=False)
-    copy_x = keep and np.may_share_memory(x2, x)  # the cache keeps x_own: not the caller's x
-    x_own = np.empty_like(x2) if copy_x else x2
+    # the cache keeps x_own: not the caller's x
+    x_own = np.empty_like(x2) if keep and np.may_share_memory(x2, x) else x2
     w = w.astype(dtype, copy=False) if new_w or not keep else kept(w, dtype)  # ownership.py
-    return x2, copy_x, x_own, w, (b.astype(dtype, copy=False) if has_bias else w[0]), has_bias
+    return x2, x_own, w, (b.astype(dtype, copy=False) if has_bias else w[0]), has_bias
 
 
 def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *,
@@ -259,11 +260,11 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *,
         out, _ = reference.linear_forward(x, w, b, keep=False)
         return out, LinearCache(x.copy(), kept(w), b is not None) if keep else None
     # x2, x_own: (N, C_in), w: the cache's
-    x2, copy_x, x_own, w, bias, has_bias = _operands(x, w, b, keep=keep)
+    x2, x_own, w, bias, has_bias = _operands(x, w, b, keep=keep)
     out = np.empty((x2.shape[0], w.shape[1]), dtype=w.dtype)  # (N, C_out)
     with blas_on_calling_thread():
         _forward_kernel(x2, w, bias, has_bias, _chunks(x2.shape[0]), gemm_address(w.dtype),
-                        copy_x, x_own, out)
+                        x_own is not x2, x_own, out)
     out = out.reshape(x.shape[:-1] + (w.shape[1],))
     return out, LinearCache(x_own.reshape(x.shape), w, has_bias) if keep else None
 
@@ -324,13 +325,13 @@ def linear_heads_forward(x: np.ndarray, ws: tuple, bs: tuple | None, heads: int,
     w = np.concatenate(ws, axis=1)  # (C_in, S C): the weights side by side, one product
     b = None if bs is None else np.concatenate(bs)  # (S C,)
     # x2, x_own: (N, C_in)
-    x2, copy_x, x_own, w, bias, has_bias = _operands(x, w, b, new_w=True, keep=keep)
+    x2, x_own, w, bias, has_bias = _operands(x, w, b, new_w=True, keep=keep)
     groups, c = len(ws), ws[0].shape[1]
     out = np.empty((groups, bsz, heads, t, c // heads), dtype=w.dtype)  # (S, B, H, T, D)
     with blas_on_calling_thread():
         _forward_heads_kernel(x2, w, bias, has_bias, _chunks(x2.shape[0]),
-                              numba.get_num_threads(), gemm_address(w.dtype), copy_x, x_own,
-                              out)
+                              numba.get_num_threads(), gemm_address(w.dtype),
+                              x_own is not x2, x_own, out)
     if not keep:
         return tuple(out), None
     # the cache keeps the S weights, which the backward puts side by side again
